@@ -1,0 +1,17 @@
+"""Train a model with distributed data parallelism on Ray.
+
+    python jobs/train.py                       # built-in dataset, 2 CPU workers or 1 per GPU
+    python jobs/train.py --help                # every flag
+    ray job submit --working-dir . -- python jobs/train.py --storage-path s3://bucket/runs
+"""
+
+import os
+import sys
+
+# Run from a checkout without installing: the library sits next to jobs/.
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from ray_ddp.cli import train_main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(train_main())

@@ -1,0 +1,152 @@
+"""What a checkpoint holds, and how it is written and read (no Ray here).
+
+A checkpoint is a directory with one file, ``state.pt``: the unwrapped model's
+``state_dict`` (no ``module.`` prefixes, loads into a plain model), the optimizer,
+GradScaler and LR-scheduler states, training progress, every rank's RNG states and the
+config that produced it. It is always read with ``torch.load(weights_only=True)``: only
+tensors and plain Python values, never arbitrary pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "state.pt"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands; what a resumed run continues from."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    step: int = 0
+    """Optimizer steps taken."""
+    best_val_acc: float = 0.0
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, with the reason."""
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DDP (or DataParallel-like) wrapper, else the model itself."""
+    return model.module if hasattr(model, "module") else model
+
+
+# ------------------------------------------------------------------ RNG states
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states as tensors and plain values (``weights_only``-safe)."""
+    np_state = np.random.get_state()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    np_state = state["numpy"]
+    np.random.set_state(
+        (
+            "MT19937",
+            np_state["keys"].numpy().astype(np.uint32),
+            np_state["pos"],
+            np_state["has_gauss"],
+            np_state["cached_gaussian"],
+        )
+    )
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+
+
+# ------------------------------------------------------------------ save / load
+def save_state(
+    directory: str,
+    *,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    progress: TrainProgress,
+    config: dict[str, Any],
+    model_meta: dict[str, Any],
+    rng_per_rank: list[dict[str, Any]],
+) -> str:
+    """Write ``directory/state.pt`` completely or not at all (temp file, then rename)."""
+    os.makedirs(directory, exist_ok=True)
+    state = {
+        "format_version": FORMAT_VERSION,
+        "model": unwrap(model).state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "scaler": scaler.state_dict(),
+        "progress": asdict(progress),
+        "config": config,
+        "model_meta": model_meta,
+        "rng": rng_per_rank,
+    }
+    path = os.path.join(directory, STATE_FILE)
+    tmp = path + ".tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+def load_state(directory: str) -> dict[str, Any]:
+    """Read a checkpoint directory written by :func:`save_state`, onto the CPU."""
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{directory} is not a ray_ddp checkpoint (no {STATE_FILE})")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, corrupt, or not a torch file at all
+        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} is not a ray_ddp checkpoint of format {FORMAT_VERSION}")
+    return state
+
+
+def check_compatible(state: dict[str, Any], model_meta: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint whose model or class count differs from this run's."""
+    saved = state.get("model_meta", {})
+    for key in ("model", "num_classes", "input_shape"):
+        if key in saved and key in model_meta and list_or(saved[key]) != list_or(model_meta[key]):
+            raise CheckpointError(
+                f"{source} was saved with {key}={saved[key]}, this run has "
+                f"{key}={model_meta[key]}; use a matching --model/--dataset or a fresh --name"
+            )
+
+
+def list_or(value: Any) -> Any:
+    return list(value) if isinstance(value, (tuple, list)) else value
+
+
+def load_model(directory: str) -> torch.nn.Module:
+    """A plain (unwrapped, non-distributed) model with the checkpoint's weights, for
+    evaluation or inference without Ray."""
+    from ray_ddp.models import build_model
+
+    state = load_state(directory)
+    meta = state["model_meta"]
+    model = build_model(meta["model"], tuple(meta["input_shape"]), meta["num_classes"])
+    model.load_state_dict(state["model"])
+    return model.eval()

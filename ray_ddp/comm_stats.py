@@ -1,0 +1,37 @@
+"""Counting DDP's gradient all-reduces for real, with a communication hook.
+
+DDP calls the hook once per gradient bucket in every backward pass that synchronises;
+``no_sync()`` backward passes call it not at all. Counting the calls on the last bucket
+counts synchronising backward passes, however many buckets the model has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+
+@dataclass
+class AllReduceCounter:
+    buckets: int = 0
+    """All-reduce calls (one per bucket per synchronising backward)."""
+    syncs: int = 0
+    """Backward passes whose gradients were all-reduced."""
+
+
+def _counting_allreduce(
+    counter: AllReduceCounter, bucket: dist.GradBucket
+) -> torch.futures.Future[torch.Tensor]:
+    counter.buckets += 1
+    if bucket.is_last():
+        counter.syncs += 1
+    return allreduce_hook(None, bucket)  # None: the default (world) process group
+
+
+def attach_counter(ddp_model: torch.nn.parallel.DistributedDataParallel) -> AllReduceCounter:
+    counter = AllReduceCounter()
+    ddp_model.register_comm_hook(counter, _counting_allreduce)
+    return counter

@@ -1,0 +1,224 @@
+"""Datasets by name: the built-in one, torchvision's CIFAR-10 / MNIST / Fashion-MNIST,
+an ImageFolder tree and Parquet files.
+
+``describe_dataset`` is the cheap driver-side check (files exist, class counts, shapes)
+run before any Ray work; ``build_datasets`` constructs the real train and validation
+datasets inside each worker. Neither imports Ray.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset, Subset
+
+from ray_ddp import synthetic_data
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.models import needs_rgb
+
+# Per-dataset normalisation (channel means/stds of the training sets).
+_CIFAR_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+_MNIST_STATS = ((0.1307,), (0.3081,))
+_FASHION_STATS = ((0.2860,), (0.3530,))
+_GENERIC_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+DEFAULT_FILE_IMAGE_SIZE = 32
+
+_TORCHVISION_LAYOUT = {
+    # dataset -> (folder under data_dir, files that must be there)
+    "cifar10": (
+        "cifar-10-batches-py",
+        [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"],
+    ),
+    "mnist": (
+        "MNIST/raw",
+        [
+            "train-images-idx3-ubyte",
+            "train-labels-idx1-ubyte",
+            "t10k-images-idx3-ubyte",
+            "t10k-labels-idx1-ubyte",
+        ],
+    ),
+}
+_TORCHVISION_LAYOUT["fashion-mnist"] = ("FashionMNIST/raw", _TORCHVISION_LAYOUT["mnist"][1])
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the model and the driver need to know about a dataset."""
+
+    num_classes: int
+    input_shape: tuple[int, ...]
+    """One sample's shape as the model sees it (after transforms)."""
+    train_size: int | None = None
+    """Samples in the train split, where known without loading it all."""
+    val_size: int | None = None
+
+
+# ---------------------------------------------------------------- driver side
+def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
+    """Check that the dataset is there and readable; raise ConfigError otherwise."""
+    if cfg.dataset == "synthetic":
+        return DatasetInfo(
+            synthetic_data.NUM_CLASSES,
+            _image_shape(cfg, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
+            cfg.train_samples or synthetic_data.DEFAULT_TRAIN_SAMPLES,
+            cfg.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
+        )
+    assert cfg.data_dir is not None  # validate() guarantees it
+    if not os.path.isdir(cfg.data_dir) and not (cfg.download and cfg.dataset in _TORCHVISION_LAYOUT):
+        raise ConfigError(f"--data-dir {cfg.data_dir} does not exist or is not a directory")
+    if cfg.dataset in _TORCHVISION_LAYOUT:
+        folder, files = _TORCHVISION_LAYOUT[cfg.dataset]
+        missing = [f for f in files if not os.path.isfile(os.path.join(cfg.data_dir, folder, f))]
+        if missing and not cfg.download:
+            raise ConfigError(
+                f"{cfg.dataset} files missing under {os.path.join(cfg.data_dir, folder)} "
+                f"({', '.join(missing[:3])}...); pass --download to fetch them"
+            )
+        channels, size = (3, 32) if cfg.dataset == "cifar10" else (1, 28)
+        return DatasetInfo(10, _image_shape(cfg, channels, size))
+    if cfg.dataset == "imagefolder":
+        train_classes = _image_folder_classes(os.path.join(cfg.data_dir, "train"))
+        val_classes = _image_folder_classes(os.path.join(cfg.data_dir, "val"))
+        if train_classes != val_classes:
+            raise ConfigError(
+                f"imagefolder train/ and val/ have different class folders: "
+                f"{sorted(set(train_classes) ^ set(val_classes))[:5]}"
+            )
+        return DatasetInfo(len(train_classes), _image_shape(cfg, 3, DEFAULT_FILE_IMAGE_SIZE))
+    from ray_ddp import parquet_data
+
+    return parquet_data.describe(cfg)
+
+
+def _image_folder_classes(root: str) -> list[str]:
+    if not os.path.isdir(root):
+        raise ConfigError(f"imagefolder needs {root}/ with one sub-folder per class")
+    classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    if not classes:
+        raise ConfigError(f"{root}/ has no class sub-folders (expected {root}/<class>/*.png)")
+    return classes
+
+
+def _image_shape(cfg: TrainConfig, channels: int, native_size: int) -> tuple[int, int, int]:
+    if channels == 1 and needs_rgb(cfg.model):
+        channels = 3
+    size = cfg.image_size or native_size
+    return (channels, size, size)
+
+
+# ---------------------------------------------------------------- worker side
+def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """The train and validation datasets, as tensors-producing torch Datasets."""
+    info = describe_dataset(cfg)
+    if cfg.dataset == "synthetic":
+        train, val = synthetic_data.make_synthetic(cfg.seed, cfg.train_samples, cfg.val_samples)
+        if cfg.image_size and cfg.image_size != synthetic_data.IMAGE_SIZE:
+            raise ConfigError("--image-size does not apply to the built-in dataset")
+        return train, val, info
+    if cfg.dataset == "parquet":
+        from ray_ddp import parquet_data
+
+        train, val = parquet_data.load(cfg, info)
+    elif cfg.dataset == "imagefolder":
+        import torchvision
+
+        root = cfg.data_dir or ""
+        train = torchvision.datasets.ImageFolder(
+            os.path.join(root, "train"), transform=_transform(cfg, _GENERIC_STATS, train=True)
+        )
+        val = torchvision.datasets.ImageFolder(
+            os.path.join(root, "val"), transform=_transform(cfg, _GENERIC_STATS, train=False)
+        )
+    else:
+        train, val = _torchvision_splits(cfg)
+    return _subset(train, cfg.train_samples, cfg.seed), _subset(val, cfg.val_samples, cfg.seed), info
+
+
+def _torchvision_splits(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+    import torchvision
+
+    if cfg.dataset == "cifar10":
+        cls, stats = _PresenceCheckedCIFAR10(), _CIFAR_STATS
+    elif cfg.dataset == "mnist":
+        cls, stats = torchvision.datasets.MNIST, _MNIST_STATS
+    else:
+        cls, stats = torchvision.datasets.FashionMNIST, _FASHION_STATS
+    splits = []
+    for train in (True, False):
+        splits.append(
+            cls(
+                cfg.data_dir,
+                train=train,
+                download=cfg.download,
+                transform=_transform(cfg, stats, train=train),
+            )
+        )
+    return splits[0], splits[1]
+
+
+def _PresenceCheckedCIFAR10() -> type:  # noqa: N802 - a class factory
+    """torchvision's CIFAR-10 reader, checking that the batch files exist rather than their
+    MD5 sums, so a CIFAR-format subset or a re-pickled copy loads too. The files are still
+    read by torchvision's own code (pickle batches, ``batches.meta``)."""
+    import torchvision
+    from torchvision.datasets.utils import check_integrity
+
+    class PresenceCheckedCIFAR10(torchvision.datasets.CIFAR10):
+        def _check_integrity(self) -> bool:
+            names = [name for name, _ in self.train_list + self.test_list]
+            return all(
+                check_integrity(os.path.join(self.root, self.base_folder, n)) for n in names
+            )
+
+        def _load_meta(self) -> None:
+            import pickle
+
+            path = os.path.join(self.root, self.base_folder, self.meta["filename"])
+            with open(path, "rb") as infile:
+                self.classes = pickle.load(infile, encoding="latin1")[self.meta["key"]]
+            self.class_to_idx = {c: i for i, c in enumerate(self.classes)}
+
+    return PresenceCheckedCIFAR10
+
+
+def _transform(cfg: TrainConfig, stats: tuple, train: bool):
+    """PIL image -> normalised tensor; grey repeated to RGB for torchvision models;
+    random crop + flip augmentation for CIFAR-10 and ImageFolder training images."""
+    from torchvision import transforms as T
+
+    steps = []
+    size = cfg.image_size
+    if cfg.dataset in ("imagefolder", "parquet"):
+        size = size or DEFAULT_FILE_IMAGE_SIZE
+        steps.append(T.Lambda(_to_rgb))  # palette / grey / RGBA files alike
+    if size:
+        steps.append(T.Resize((size, size)))
+    mean, std = stats
+    if len(mean) == 1 and needs_rgb(cfg.model):
+        steps.append(T.Grayscale(num_output_channels=3))
+        mean, std = mean * 3, std * 3
+    if train and cfg.dataset in ("cifar10", "imagefolder"):
+        crop = size or 32
+        steps += [T.RandomCrop(crop, padding=crop // 8), T.RandomHorizontalFlip()]
+    steps += [T.ToTensor(), T.Normalize(mean, std)]
+    return T.Compose(steps)
+
+
+def _to_rgb(image):
+    return image.convert("RGB")
+
+
+def _subset(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
+    """A seeded random subset (class-balanced in expectation, unlike the first N)."""
+    if not limit or limit >= len(dataset):  # type: ignore[arg-type]
+        return dataset
+    order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))  # type: ignore[arg-type]
+    return Subset(dataset, order[:limit].tolist())
+
+
+def transform_for(cfg: TrainConfig, train: bool):
+    """The image transform a file dataset uses (shared with ``parquet_data``)."""
+    return _transform(cfg, _GENERIC_STATS, train=train)

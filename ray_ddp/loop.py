@@ -1,0 +1,311 @@
+"""The per-worker training loop that Ray Train runs in every worker process.
+
+One worker = one DDP process = one GPU (or a CPU slot). Ray has already set up the process
+group (NCCL with GPUs, gloo without) and pinned the worker to its device; this loop builds
+data and model, wraps them with ``prepare_data_loader`` / ``prepare_model``, trains with
+AMP and gradient accumulation, evaluates exactly across ranks every epoch, and reports a
+checkpoint from rank 0 through ``ray.train.report`` (which every rank calls, as a barrier).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ray_ddp import reporting
+from ray_ddp.checkpoint import (
+    TrainProgress,
+    capture_rng,
+    check_compatible,
+    load_state,
+    restore_rng,
+    save_state,
+    unwrap,
+)
+from ray_ddp.comm_stats import AllReduceCounter, attach_counter
+from ray_ddp.config import TrainConfig
+from ray_ddp.datasets import build_datasets
+from ray_ddp.evaluation import evaluate
+from ray_ddp.loaders import make_loaders
+from ray_ddp.models import build_model
+from ray_ddp.optim import build_optimizer, build_scheduler
+from ray_ddp.precision import autocast, grad_scaler
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_gather(obj: Any) -> list[Any]:
+    if not _distributed():
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def _restore_source(cfg: TrainConfig) -> tuple[dict[str, Any] | None, str | None]:
+    """The state to start from: this run's own latest checkpoint (a re-run of the same
+    name, or Ray restarting workers after a failure) before ``--resume-from``."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            return load_state(directory), checkpoint.path
+    if cfg.resume_from:
+        return load_state(cfg.resume_from), cfg.resume_from
+    return None, None
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    cfg = TrainConfig.from_dict(config)
+    context = ray.train.get_context()
+    rank, world_size = context.get_world_rank(), context.get_world_size()
+    is_main = rank == 0  # the world rank, never the local rank: one logger per run
+
+    def log(message: str) -> None:
+        # Straight to stdout: Ray Train patches print() into its logger, which echoes
+        # every line twice on the driver.
+        if is_main:
+            sys.stdout.write(message + "\n")
+            sys.stdout.flush()
+
+    # Ray reserved cpus_per_worker CPUs for this process; more threads would oversubscribe.
+    torch.set_num_threads(cfg.cpus_per_worker)
+    device = ray.train.torch.get_device()
+
+    train_ds, val_ds, info = build_datasets(cfg)
+    train_loader, train_sampler, val_loader = make_loaders(
+        cfg, train_ds, val_ds, rank, world_size, device
+    )
+
+    # The same seed on every rank gives identical initial weights (DDP also broadcasts
+    # rank 0's on wrapping; this makes it true before, too).
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, info.input_shape, info.num_classes)
+    model_meta = {
+        "model": cfg.model,
+        "num_classes": info.num_classes,
+        "input_shape": list(info.input_shape),
+    }
+    state, source = _restore_source(cfg)
+    if state is not None:
+        check_compatible(state, model_meta, source or "checkpoint")
+        model.load_state_dict(state["model"])
+
+    model = ray.train.torch.prepare_model(model)  # DDP on >1 worker; moved to `device`
+    counter: AllReduceCounter | None = None
+    if cfg.comm_stats and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        counter = attach_counter(model)
+
+    steps_per_epoch = math.ceil(len(train_loader) / cfg.accum_steps)
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    optimizer = build_optimizer(cfg, model.parameters())
+    scheduler = build_scheduler(cfg, optimizer, total_steps)
+    scaler = grad_scaler(cfg.amp, device)
+    progress = TrainProgress()
+
+    if state is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        scaler.load_state_dict(state["scaler"])
+        progress = TrainProgress(**state["progress"])
+        if len(state["rng"]) == world_size:
+            restore_rng(state["rng"][rank])
+        else:  # a different world size: data order is still exact, augmentation is not
+            torch.manual_seed(cfg.seed + 7919 * progress.epoch + rank)
+        log(f"resumed from {source}: {progress.epoch} epochs, {progress.step} steps done")
+    else:
+        # Different ranks draw different augmentation/dropout randomness from here on.
+        torch.manual_seed(cfg.seed + rank)
+
+    rows = _all_gather(
+        {
+            "rank": rank,
+            "local_rank": context.get_local_rank(),
+            "node_rank": context.get_node_rank(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "device": str(device),
+        }
+    )
+    log(reporting.rank_table(rows))
+    log(reporting.batch_line(cfg.batch_size, world_size, cfg.accum_steps))
+    log(
+        f"data: {cfg.dataset}, {len(train_ds)} train / {len(val_ds)} val samples, "
+        f"{info.num_classes} classes; {len(train_loader)} micro-batches and "
+        f"{steps_per_epoch} optimizer steps per epoch per worker"
+    )
+
+    history: list[dict[str, Any]] = []
+    train_seconds = 0.0
+    samples_seen = 0
+    if progress.epoch >= cfg.epochs or (cfg.max_steps and progress.step >= cfg.max_steps):
+        log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
+
+    for epoch in range(progress.epoch, cfg.epochs):
+        if cfg.max_steps and progress.step >= cfg.max_steps:
+            break
+        train_sampler.set_epoch(epoch)  # a new, reproducible shuffle every epoch
+        started = time.perf_counter()
+        syncs_before = counter.syncs if counter else 0
+        steps_before = progress.step
+        loss_sum, seen = _train_epoch(
+            cfg, model, train_loader, optimizer, scheduler, scaler, device, progress,
+            epoch, is_main,
+        )
+        epoch_s = time.perf_counter() - started
+        totals = torch.tensor([loss_sum, seen], dtype=torch.float64, device=device)
+        if _distributed():
+            dist.all_reduce(totals)
+        train_loss = totals[0].item() / max(1.0, totals[1].item())
+        if not math.isfinite(train_loss):
+            raise FloatingPointError(
+                f"non-finite training loss in epoch {epoch + 1} (step {progress.step}); "
+                "lower --lr, or use --amp bf16 / off"
+            )
+        result = evaluate(unwrap(model), val_loader, device, cfg.amp)
+        global_samples = int(totals[1].item())
+        train_seconds += epoch_s
+        samples_seen += global_samples
+        progress.epoch = epoch + 1
+        progress.best_val_acc = max(progress.best_val_acc, result.accuracy)
+        metrics: dict[str, Any] = {
+            "epoch": progress.epoch,
+            "step": progress.step,
+            "train_loss": train_loss,
+            "val_loss": result.loss,
+            "val_acc": result.accuracy,
+            "val_correct": result.correct,
+            "val_count": result.count,
+            "lr": optimizer.param_groups[0]["lr"],
+            "samples_per_s": global_samples / epoch_s,
+            "epoch_s": epoch_s,
+        }
+        if counter is not None:
+            steps = progress.step - steps_before
+            metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / max(1, steps)
+        rng = _all_gather(capture_rng())
+        _report(cfg, metrics, is_main, model, optimizer, scheduler, scaler, progress,
+                model_meta, rng)
+        log(reporting.epoch_line(metrics, cfg.epochs))
+        history.append(metrics)
+
+    return {
+        "history": history,
+        "train_seconds": train_seconds,
+        "samples_seen": samples_seen,
+        "epochs_completed": progress.epoch,
+        "steps": progress.step,
+        "world_size": world_size,
+        "device": device.type,
+    }
+
+
+def _train_epoch(
+    cfg: TrainConfig,
+    model: torch.nn.Module,
+    loader,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    device: torch.device,
+    progress: TrainProgress,
+    epoch: int,
+    is_main: bool,
+) -> tuple[float, int]:
+    """One pass over this rank's shard. Returns (sum of per-sample losses, samples)."""
+    model.train()
+    batches = len(loader)
+    # Summed on the device: calling .item() every step would wait for the GPU each time.
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    seen = 0
+    bar = None
+    if is_main and cfg.progress_bar:
+        from ray.experimental.tqdm_ray import tqdm
+
+        bar = tqdm(total=batches, desc=f"epoch {epoch + 1}/{cfg.epochs}")
+    no_sync = getattr(model, "no_sync", None)  # absent with one worker (no DDP wrapper)
+    optimizer.zero_grad(set_to_none=True)
+    for index, (inputs, targets) in enumerate(loader):
+        # Micro-steps are grouped in windows of accum_steps; the last window of an epoch
+        # may be shorter, and the loss is divided by the window's real length so every
+        # optimizer step averages its micro-batches exactly.
+        window_start = index - index % cfg.accum_steps
+        window = min(cfg.accum_steps, batches - window_start)
+        boundary = index - window_start == window - 1
+        # Only the boundary micro-step all-reduces gradients; the others accumulate
+        # locally under no_sync() (the guide's version all-reduced on every micro-step).
+        sync_context = no_sync() if (no_sync is not None and not boundary) else contextlib.nullcontext()
+        with sync_context:
+            with autocast(cfg.amp, device):
+                logits = model(inputs)
+                loss = F.cross_entropy(logits.float(), targets)
+            scaler.scale(loss / window).backward()
+        loss_sum += loss.detach().double() * targets.numel()
+        seen += targets.numel()
+        if boundary:
+            if cfg.grad_clip > 0:
+                scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            scaler.step(optimizer)  # skipped by the scaler if fp16 grads overflowed
+            scaler.update()
+            optimizer.zero_grad(set_to_none=True)
+            scheduler.step()
+            progress.step += 1
+        if bar is not None:
+            bar.update(1)
+        if boundary and cfg.max_steps and progress.step >= cfg.max_steps:
+            break
+    if bar is not None:
+        bar.close()
+    return loss_sum.item(), seen
+
+
+def _report(
+    cfg: TrainConfig,
+    metrics: dict[str, Any],
+    is_main: bool,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    scaler: torch.amp.GradScaler,
+    progress: TrainProgress,
+    model_meta: dict[str, Any],
+    rng: list[dict[str, Any]],
+) -> None:
+    """Every rank reports (it is a barrier); only rank 0 attaches the checkpoint."""
+    if not is_main:
+        ray.train.report(metrics)
+        return
+    directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
+    try:
+        save_state(
+            directory,
+            model=model,
+            optimizer=optimizer,
+            scheduler=scheduler,
+            scaler=scaler,
+            progress=progress,
+            config=cfg.to_dict(),
+            model_meta=model_meta,
+            rng_per_rank=rng,
+        )
+        # SYNC upload (the default): the checkpoint is in storage when report returns.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -1,0 +1,45 @@
+"""Optimizer and learning-rate schedule (linear warm-up, then cosine, per optimizer step)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import torch
+
+from ray_ddp.config import TrainConfig
+
+
+def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(
+            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+        )
+    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Multiplier of the peak LR for optimizer step ``step`` (0-based).
+
+    Linear warm-up from lr/warmup to lr over ``warmup_steps``, then a half cosine down to
+    ``lr * min_lr_ratio`` at ``total_steps``, flat after that.
+    """
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def default_warmup(total_steps: int) -> int:
+    return max(1, round(0.05 * total_steps))
+
+
+def build_scheduler(
+    cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    # A lambda (not a callable object): LambdaLR then keeps it out of its state_dict, so a
+    # resumed run with more epochs uses the new total instead of the checkpoint's.
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, warmup, total_steps, cfg.min_lr_ratio)
+    )

@@ -1,0 +1,60 @@
+"""What rank 0 and the driver print: pure formatting, no Ray, no torch."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+
+def rank_table(rows: Sequence[dict[str, Any]]) -> str:
+    """One line per worker: how Ray mapped ranks to nodes and devices."""
+    header = f"{'rank':>4}  {'local':>5}  {'node':>4}  {'host':<20} {'pid':>7}  device"
+    lines = [header]
+    for r in sorted(rows, key=lambda r: r["rank"]):
+        lines.append(
+            f"{r['rank']:>4}  {r['local_rank']:>5}  {r['node_rank']:>4}  "
+            f"{r['host'][:20]:<20} {r['pid']:>7}  {r['device']}"
+        )
+    return "\n".join(lines)
+
+
+def batch_line(per_worker: int, workers: int, accum: int) -> str:
+    return (
+        f"batch: {per_worker} per worker x {workers} workers x {accum} accumulation = "
+        f"{per_worker * workers * accum} samples per optimizer step (global batch)"
+    )
+
+
+def epoch_line(m: dict[str, Any], epochs: int) -> str:
+    line = (
+        f"epoch {m['epoch']:>3}/{epochs}  train_loss {m['train_loss']:.4f}  "
+        f"val_loss {m['val_loss']:.4f}  val_acc {100 * m['val_acc']:6.2f}%  "
+        f"lr {m['lr']:.2e}  {m['samples_per_s']:8.0f} samples/s  {m['epoch_s']:6.1f} s"
+    )
+    if "allreduces_per_step" in m:
+        line += f"  all-reduces/step {m['allreduces_per_step']:.2f}"
+    return line
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    final, best = summary["final"], summary["best"]
+    lines = [
+        f"run:          {summary['run_dir']}",
+        f"workers:      {summary['world_size']} ({summary['device']}), global batch "
+        f"{summary['global_batch_size']}",
+        f"epochs:       {summary['epochs_completed']} of {summary['epochs']}",
+    ]
+    if final:
+        lines.append(
+            f"final:        val_loss {final['val_loss']:.4f}  val_acc {100 * final['val_acc']:.2f}%"
+        )
+    if best:
+        lines.append(
+            f"best:         val_acc {100 * best['val_acc']:.2f}% at epoch {best['epoch']}  "
+            f"-> {best['checkpoint']}"
+        )
+    lines.append(
+        f"time:         {summary['wall_s']:.1f} s wall, "
+        f"{summary['samples_per_s']:.0f} samples/s while training"
+    )
+    return "\n".join(lines)

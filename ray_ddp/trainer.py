@@ -1,0 +1,192 @@
+"""The driver: checks the request, connects to Ray, builds the TorchTrainer and fits it.
+
+Runs in the process that the user started (``python jobs/train.py``) or that ``ray job
+submit`` started on the cluster. Everything that can be refused is refused here, before a
+single worker starts: the config, the data, the model name, the checkpoint to resume from,
+and whether the cluster has the CPUs/GPUs asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from typing import Any
+
+from ray_ddp.checkpoint import CheckpointError, check_compatible, load_state
+from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.datasets import DatasetInfo, describe_dataset
+from ray_ddp.models import check_model_name
+
+DEFAULT_CPU_WORKERS = 2
+
+
+def preflight(cfg: TrainConfig) -> DatasetInfo:
+    """Everything that can be checked without Ray. Raises ConfigError with one line."""
+    validate(cfg)
+    check_model_name(cfg.model)
+    if cfg.amp == "fp16" and cfg.use_gpu is None and not cfg.address and not _local_gpus():
+        raise ConfigError(
+            "--amp fp16 needs GPUs and this machine has none; use --amp bf16 or --amp off"
+        )
+    info = describe_dataset(cfg)
+    if cfg.resume_from:
+        try:
+            state = load_state(cfg.resume_from)
+            check_compatible(
+                state,
+                {"model": cfg.model, "num_classes": info.num_classes,
+                 "input_shape": list(info.input_shape)},
+                f"--resume-from {cfg.resume_from}",
+            )
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from exc
+    if info.train_size is not None and cfg.num_workers:
+        shard = -(-info.train_size // cfg.num_workers)
+        if cfg.batch_size > shard:
+            raise ConfigError(
+                f"--batch-size {cfg.batch_size} (per worker) is larger than a worker's "
+                f"share of the {info.train_size} training samples ({shard}); lower it"
+            )
+    return info
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def connect(address: str | None) -> None:
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # keep rank 0's epoch lines verbatim
+    ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+
+
+def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
+    """Fill in num_workers and use_gpu from the cluster, and refuse what cannot fit."""
+    import ray
+
+    resources = ray.cluster_resources()
+    gpus = int(resources.get("GPU", 0))
+    cpus = int(resources.get("CPU", 0))
+    use_gpu = cfg.use_gpu if cfg.use_gpu is not None else gpus > 0
+    if use_gpu and gpus == 0:
+        raise ConfigError("--use-gpu was given but the Ray cluster has no GPUs; drop it or use --no-gpu")
+    if cfg.amp == "fp16" and not use_gpu:
+        raise ConfigError("--amp fp16 needs GPU workers; use --amp bf16 or --amp off on CPU")
+    num_workers = cfg.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
+    need_cpus = num_workers * cfg.cpus_per_worker
+    if need_cpus > cpus:
+        raise ConfigError(
+            f"{num_workers} workers x {cfg.cpus_per_worker} CPUs = {need_cpus} CPUs asked, "
+            f"the Ray cluster has {cpus}; lower --num-workers or --cpus-per-worker"
+        )
+    if use_gpu and num_workers > gpus:
+        raise ConfigError(
+            f"{num_workers} GPU workers asked, the Ray cluster has {gpus} GPUs; "
+            "lower --num-workers"
+        )
+    return dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
+
+
+def storage_location(cfg: TrainConfig) -> str:
+    """An absolute local path or a URI (Ray requires one or the other)."""
+    if "://" in cfg.storage_path:
+        return cfg.storage_path
+    return os.path.abspath(os.path.expanduser(cfg.storage_path))
+
+
+def default_name(cfg: TrainConfig) -> str:
+    return f"{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_training(cfg: TrainConfig) -> dict[str, Any]:
+    """Validate, connect, fit. Returns the summary. Raises ConfigError on bad input and
+    ray.train.TrainingFailedError when training fails."""
+    preflight(cfg)
+    connect(cfg.address)
+    cfg = resolve_scaling(cfg)
+    preflight(cfg)  # again with num_workers known: the batch-vs-shard check
+    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg),
+                              storage_path=storage_location(cfg))
+
+    from ray.train import CheckpointConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from ray_ddp.loop import train_loop_per_worker
+
+    print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
+    trainer = TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=cfg.to_dict(),
+        # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
+        torch_config=TorchConfig(backend=None),
+        scaling_config=ScalingConfig(
+            num_workers=cfg.num_workers,
+            use_gpu=cfg.use_gpu,
+            resources_per_worker={"CPU": cfg.cpus_per_worker},
+        ),
+        run_config=RunConfig(
+            name=cfg.name,
+            storage_path=cfg.storage_path,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=cfg.keep_checkpoints,
+                checkpoint_score_attribute="val_acc",
+                checkpoint_score_order="max",
+            ),
+            # Ray Train's per-report INFO lines would drown the epoch lines.
+            logging_config=LoggingConfig(log_level="WARNING"),
+        ),
+    )
+    started = time.perf_counter()
+    result = trainer.fit()
+    wall_s = time.perf_counter() - started
+    return build_summary(cfg, result, wall_s)
+
+
+def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
+    """Final and best validation figures, the best checkpoint, sizes and speed."""
+    info = result.return_value or {}
+    scored = [(c, m) for c, m in (result.best_checkpoints or []) if "val_acc" in m]
+    best_ckpt, best_metrics = max(scored, key=lambda cm: cm[1]["val_acc"]) if scored else (None, {})
+    final_metrics = result.metrics or {}
+    pick = ("epoch", "val_loss", "val_acc", "val_correct", "val_count")
+    train_seconds = info.get("train_seconds", 0.0)
+    return {
+        "name": cfg.name,
+        "run_dir": result.path,
+        "world_size": cfg.num_workers,
+        "device": "gpu" if cfg.use_gpu else "cpu",
+        "per_worker_batch_size": cfg.batch_size,
+        "accum_steps": cfg.accum_steps,
+        "global_batch_size": cfg.global_batch_size,
+        "epochs": cfg.epochs,
+        "epochs_completed": final_metrics.get("epoch", 0),
+        "steps": final_metrics.get("step", 0),
+        "final": {k: final_metrics[k] for k in pick if k in final_metrics},
+        "best": (
+            {**{k: best_metrics[k] for k in pick if k in best_metrics},
+             "checkpoint": best_ckpt.path}
+            if best_ckpt is not None else {}
+        ),
+        "latest_checkpoint": result.checkpoint.path if result.checkpoint else None,
+        "history": info.get("history", []),
+        "wall_s": wall_s,
+        "samples_per_s": info.get("samples_seen", 0) / train_seconds if train_seconds else 0.0,
+    }
+
+
+def write_summary(summary: dict[str, Any], path: str) -> None:
+    """Write JSON completely or not at all."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(summary, f, indent=2)
+    os.replace(tmp, path)
