@@ -5,8 +5,8 @@ DDP calls the hook once per gradient bucket in every backward pass that synchron
 counts synchronising backward passes, however many buckets the model has.
 """
 
-from __future__ import annotations
-
+# No ``from __future__ import annotations`` here: DDP checks the hook's annotations at
+# registration and needs the real dist.GradBucket / Future objects, not strings.
 from dataclasses import dataclass
 
 import torch

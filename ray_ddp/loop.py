@@ -10,6 +10,7 @@ checkpoint from rank 0 through ``ray.train.report`` (which every rank calls, as 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 import shutil
@@ -69,8 +70,18 @@ def _restore_source(cfg: TrainConfig) -> tuple[dict[str, Any] | None, str | None
     return None, None
 
 
+def _quiet_report_lines() -> None:
+    """Ray 2.60 logs every ``report`` call at INFO from a logger named after its file
+    path (outside ``ray.train``, so LoggingConfig's level does not reach it): two lines
+    per epoch that would bury ours. Raise that one logger to WARNING."""
+    from ray.train.v2._internal.execution import context as train_context
+
+    logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     cfg = TrainConfig.from_dict(config)
+    _quiet_report_lines()
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     is_main = rank == 0  # the world rank, never the local rank: one logger per run

@@ -46,7 +46,7 @@ def _read(path: str, columns: list[str]) -> pa.Table:
 def _labels(table: pa.Table, column: str, path: str) -> torch.Tensor:
     if not pa.types.is_integer(table.schema.field(column).type):
         raise ConfigError(f"{path}: label column {column!r} must hold integers")
-    labels = torch.as_tensor(table.column(column).to_numpy(), dtype=torch.long)
+    labels = torch.tensor(table.column(column).to_numpy(), dtype=torch.long)  # a copy
     if len(labels) == 0:
         raise ConfigError(f"{path} has no rows")
     if int(labels.min()) < 0:

@@ -1,0 +1,83 @@
+"""Checkpoint contents, atomic writes and weights_only loading (no Ray needed)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from ray_ddp.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    TrainProgress,
+    capture_rng,
+    check_compatible,
+    load_model,
+    load_state,
+    restore_rng,
+    save_state,
+)
+from ray_ddp.config import TrainConfig
+from ray_ddp.models import build_model
+from ray_ddp.optim import build_optimizer, build_scheduler
+from ray_ddp.precision import grad_scaler
+
+META = {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}
+
+
+def _write(directory: str) -> torch.nn.Module:
+    cfg = TrainConfig()
+    model = build_model("small_cnn", (3, 16, 16), 10)
+    optimizer = build_optimizer(cfg, model.parameters())
+    scheduler = build_scheduler(cfg, optimizer, total_steps=50)
+    model(torch.randn(4, 3, 16, 16)).sum().backward()
+    optimizer.step()
+    scheduler.step()
+    save_state(
+        directory, model=model, optimizer=optimizer, scheduler=scheduler,
+        scaler=grad_scaler("off", torch.device("cpu")),
+        progress=TrainProgress(epoch=3, step=42, best_val_acc=0.5), config=cfg.to_dict(),
+        model_meta=META, rng_per_rank=[capture_rng(), capture_rng()],
+    )
+    return model
+
+
+def test_full_state_round_trips_with_weights_only(tmp_path):
+    model = _write(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_FILE]  # no temp file left
+    state = load_state(str(tmp_path))
+    assert state["progress"] == {"epoch": 3, "step": 42, "best_val_acc": 0.5}
+    assert state["optimizer"]["state"], "AdamW moments are saved"
+    assert state["scheduler"]["last_epoch"] == 1
+    assert state["config"]["lr"] == TrainConfig().lr
+    assert len(state["rng"]) == 2
+    assert not any(k.startswith("module.") for k in state["model"])
+    fresh = load_model(str(tmp_path))  # a plain model, no DDP, no Ray
+    for key, value in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value)
+
+
+def test_rng_states_restore_exactly():
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    saved = capture_rng()
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    restore_rng(saved)
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+def test_not_a_checkpoint_and_corrupt_file_are_refused(tmp_path):
+    with pytest.raises(CheckpointError, match="is not a ray_ddp checkpoint"):
+        load_state(str(tmp_path))
+    (tmp_path / STATE_FILE).write_bytes(b"\x80\x02 truncated")
+    with pytest.raises(CheckpointError, match="cannot read"):
+        load_state(str(tmp_path))
+
+
+def test_a_different_model_is_refused(tmp_path):
+    _write(str(tmp_path))
+    state = load_state(str(tmp_path))
+    check_compatible(state, META, "ckpt")
+    with pytest.raises(CheckpointError, match="num_classes=10, this run has num_classes=3"):
+        check_compatible(state, {**META, "num_classes": 3}, "ckpt")

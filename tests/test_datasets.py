@@ -1,0 +1,123 @@
+"""Each real format is read by the real loading code from files in its on-disk format."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from formats import write_cifar10, write_imagefolder, write_mnist, write_parquet
+
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.datasets import build_datasets, describe_dataset
+from ray_ddp.synthetic_data import make_synthetic
+
+
+def test_builtin_dataset_is_deterministic_and_balanced():
+    a_train, a_val = make_synthetic(3, 500, 101)
+    b_train, b_val = make_synthetic(3, 500, 101)
+    assert torch.equal(a_train.tensors[0], b_train.tensors[0])
+    assert torch.equal(a_val.tensors[1], b_val.tensors[1])
+    assert len(a_train) == 500 and len(a_val) == 101
+    other, _ = make_synthetic(4, 500, 101)
+    assert not torch.equal(a_train.tensors[0], other.tensors[0])
+    # The validation split does not depend on how many train samples were asked for.
+    _, c_val = make_synthetic(3, 900, 101)
+    assert torch.equal(a_val.tensors[0], c_val.tensors[0])
+    counts = torch.bincount(a_train.tensors[1], minlength=10)
+    assert counts.min() > 20  # every class present
+
+
+def test_cifar10_batch_files(tmp_path):
+    batches = write_cifar10(str(tmp_path), per_batch=6, test=5)
+    cfg = TrainConfig(dataset="cifar10", data_dir=str(tmp_path))
+    train, val, info = build_datasets(cfg)
+    assert (len(train), len(val)) == (30, 5)
+    assert info.num_classes == 10 and info.input_shape == (3, 32, 32)
+    data, labels = batches["test_batch"]
+    image, label = val[2]
+    assert label == labels[2]
+    expected = torch.tensor(data[2].reshape(3, 32, 32), dtype=torch.float32) / 255
+    mean = torch.tensor([0.4914, 0.4822, 0.4465]).view(3, 1, 1)
+    std = torch.tensor([0.2470, 0.2435, 0.2616]).view(3, 1, 1)
+    assert torch.allclose(image, (expected - mean) / std, atol=1e-5)
+    assert train[0][0].shape == (3, 32, 32)  # augmented (crop + flip), same shape
+
+
+@pytest.mark.parametrize(("dataset", "folder"), [("mnist", "MNIST"), ("fashion-mnist", "FashionMNIST")])
+def test_mnist_idx_folders(tmp_path, dataset, folder):
+    written = write_mnist(str(tmp_path), folder=folder, train=12, test=7)
+    train, val, info = build_datasets(TrainConfig(dataset=dataset, data_dir=str(tmp_path)))
+    assert (len(train), len(val)) == (12, 7)
+    assert info.input_shape == (1, 28, 28)
+    image, label = val[4]
+    assert label == int(written["t10k"][1][4])
+    assert image.shape == (1, 28, 28)
+    # torchvision models take RGB: grey is repeated to 3 channels for them.
+    _, val_rgb, info_rgb = build_datasets(
+        TrainConfig(dataset=dataset, data_dir=str(tmp_path), model="resnet18")
+    )
+    assert info_rgb.input_shape == (3, 28, 28) and val_rgb[4][0].shape == (3, 28, 28)
+    assert torch.allclose(val_rgb[4][0][0], image[0]) and torch.allclose(val_rgb[4][0][2], image[0])
+
+
+def test_missing_torchvision_files_name_the_fix(tmp_path):
+    with pytest.raises(ConfigError, match="pass --download"):
+        describe_dataset(TrainConfig(dataset="mnist", data_dir=str(tmp_path)))
+
+
+def test_imagefolder_tree(tmp_path):
+    write_imagefolder(str(tmp_path), train=8, val=3, size=20)
+    train, val, info = build_datasets(
+        TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), image_size=24)
+    )
+    assert (len(train), len(val), info.num_classes) == (24, 9, 3)
+    image, label = val[0]
+    assert image.shape == (3, 24, 24) and label == 0
+    assert {val[i][1] for i in range(len(val))} == {0, 1, 2}
+
+
+def test_imagefolder_without_val_is_refused(tmp_path):
+    write_imagefolder(str(tmp_path))
+    import shutil
+
+    shutil.rmtree(tmp_path / "val")
+    with pytest.raises(ConfigError, match="val/ with one sub-folder per class"):
+        describe_dataset(TrainConfig(dataset="imagefolder", data_dir=str(tmp_path)))
+
+
+@pytest.mark.parametrize("hf_struct", [False, True])
+def test_parquet_image_bytes(tmp_path, hf_struct):
+    write_parquet(str(tmp_path), train=40, val=11, classes=3, size=16, hf_struct=hf_struct)
+    train, val, info = build_datasets(TrainConfig(dataset="parquet", data_dir=str(tmp_path)))
+    assert (len(train), len(val), info.num_classes) == (40, 11, 3)
+    image, label = val[5]
+    assert image.shape == (3, 32, 32) and isinstance(int(label), int)
+    # The class colour survives decoding: channel (label % 3) is the bright one.
+    assert int(image.mean(dim=(1, 2)).argmax()) == int(label) % 3
+
+
+def test_parquet_features_need_mlp(tmp_path):
+    write_parquet(str(tmp_path), features=5)
+    cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path), feature_column="features")
+    with pytest.raises(ConfigError, match="needs --model mlp"):
+        describe_dataset(cfg)
+    cfg.model = "mlp"
+    train, val, info = build_datasets(cfg)
+    assert info.input_shape == (5,) and train[0][0].dtype == torch.float32
+    assert len(val) == 11
+
+
+def test_parquet_without_label_column_is_refused(tmp_path):
+    write_parquet(str(tmp_path))
+    cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path), label_column="target")
+    with pytest.raises(ConfigError, match="has no column 'target'"):
+        describe_dataset(cfg)
+
+
+def test_subset_is_seeded_and_sized(tmp_path):
+    write_mnist(str(tmp_path), train=12, test=7)
+    cfg = TrainConfig(dataset="mnist", data_dir=str(tmp_path), train_samples=5, val_samples=3)
+    train, val, _ = build_datasets(cfg)
+    again, _, _ = build_datasets(cfg)
+    assert (len(train), len(val)) == (5, 3)
+    assert np.array_equal(train.indices, again.indices)
