@@ -1,8 +1,8 @@
 """Train a model with distributed data parallelism on Ray.
 
-    python jobs/train.py                       # built-in dataset, 2 CPU workers or 1 per GPU
-    python jobs/train.py --help                # every flag
-    ray job submit --working-dir . -- python jobs/train.py --storage-path s3://bucket/runs
+python jobs/train.py                       # built-in dataset, 2 CPU workers or 1 per GPU
+python jobs/train.py --help                # every flag
+ray job submit --working-dir . -- python jobs/train.py --storage-path s3://bucket/runs
 """
 
 import os

@@ -19,80 +19,177 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags shared by training and tuning (everything that is not swept)."""
     d = TrainConfig()
     g = parser.add_argument_group("scaling (who runs)")
-    g.add_argument("--num-workers", type=int, default=None,
-                   help="Ray training workers = DDP processes (default: one per GPU in the "
-                        "cluster, else 2 CPU workers)")
-    g.add_argument("--cpus-per-worker", type=int, default=d.cpus_per_worker,
-                   help="CPUs reserved per worker, also its torch thread count (default: %(default)s)")
+    g.add_argument(
+        "--num-workers",
+        type=int,
+        default=None,
+        help="Ray training workers = DDP processes (default: one per GPU in the "
+        "cluster, else 2 CPU workers)",
+    )
+    g.add_argument(
+        "--cpus-per-worker",
+        type=int,
+        default=d.cpus_per_worker,
+        help="CPUs reserved per worker, also its torch thread count (default: %(default)s)",
+    )
     gpu = g.add_mutually_exclusive_group()
-    gpu.add_argument("--use-gpu", dest="use_gpu", action="store_const", const=True, default=None,
-                     help="one GPU per worker, NCCL (default: auto, GPUs if the cluster has them)")
-    gpu.add_argument("--no-gpu", dest="use_gpu", action="store_const", const=False,
-                     help="CPU workers on gloo even if GPUs exist")
-    g.add_argument("--address", default=None,
-                   help="Ray cluster to join (default: RAY_ADDRESS, else start a local Ray)")
+    gpu.add_argument(
+        "--use-gpu",
+        dest="use_gpu",
+        action="store_const",
+        const=True,
+        default=None,
+        help="one GPU per worker, NCCL (default: auto, GPUs if the cluster has them)",
+    )
+    gpu.add_argument(
+        "--no-gpu",
+        dest="use_gpu",
+        action="store_const",
+        const=False,
+        help="CPU workers on gloo even if GPUs exist",
+    )
+    g.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to join (default: RAY_ADDRESS, else start a local Ray)",
+    )
 
     g = parser.add_argument_group("optimisation")
-    g.add_argument("--epochs", type=int, default=d.epochs, help="total epochs (default: %(default)s)")
-    g.add_argument("--batch-size", type=int, default=d.batch_size,
-                   help="PER-WORKER micro-batch size; global batch = batch-size x workers x "
-                        "accum-steps (default: %(default)s)")
-    g.add_argument("--accum-steps", type=int, default=d.accum_steps,
-                   help="micro-batches accumulated per optimizer step (default: %(default)s)")
-    g.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)")
+    g.add_argument(
+        "--epochs", type=int, default=d.epochs, help="total epochs (default: %(default)s)"
+    )
+    g.add_argument(
+        "--batch-size",
+        type=int,
+        default=d.batch_size,
+        help="PER-WORKER micro-batch size; global batch = batch-size x workers x "
+        "accum-steps (default: %(default)s)",
+    )
+    g.add_argument(
+        "--accum-steps",
+        type=int,
+        default=d.accum_steps,
+        help="micro-batches accumulated per optimizer step (default: %(default)s)",
+    )
+    g.add_argument(
+        "--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
+    )
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    g.add_argument("--warmup-steps", type=int, default=None,
-                   help="linear LR warm-up in optimizer steps (default: 5%% of all steps)")
-    g.add_argument("--min-lr-ratio", type=float, default=d.min_lr_ratio,
-                   help="cosine decay ends at lr x this (default: %(default)s)")
-    g.add_argument("--grad-clip", type=float, default=d.grad_clip,
-                   help="max global gradient norm, 0 = off (default: %(default)s)")
-    g.add_argument("--amp", default=d.amp,
-                   help=f"mixed precision: {', '.join(AMP_MODES)} (fp16 needs GPUs; default: off)")
+    g.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=None,
+        help="linear LR warm-up in optimizer steps (default: 5%% of all steps)",
+    )
+    g.add_argument(
+        "--min-lr-ratio",
+        type=float,
+        default=d.min_lr_ratio,
+        help="cosine decay ends at lr x this (default: %(default)s)",
+    )
+    g.add_argument(
+        "--grad-clip",
+        type=float,
+        default=d.grad_clip,
+        help="max global gradient norm, 0 = off (default: %(default)s)",
+    )
+    g.add_argument(
+        "--amp",
+        default=d.amp,
+        help=f"mixed precision: {', '.join(AMP_MODES)} (fp16 needs GPUs; default: off)",
+    )
     g.add_argument("--seed", type=int, default=d.seed, help="weights, data order, built-in data")
-    g.add_argument("--max-steps", type=int, default=None,
-                   help="stop after this many optimizer steps in total")
+    g.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this many optimizer steps in total"
+    )
 
     g = parser.add_argument_group("data")
-    g.add_argument("--dataset", default=d.dataset, help=f"one of: {', '.join(DATASETS)} (default: synthetic, built in)")
+    g.add_argument(
+        "--dataset",
+        default=d.dataset,
+        help=f"one of: {', '.join(DATASETS)} (default: synthetic, built in)",
+    )
     g.add_argument("--data-dir", default=None, help="dataset location, readable from every node")
-    g.add_argument("--download", action="store_true", help="let torchvision download cifar10/mnist/fashion-mnist")
-    g.add_argument("--train-samples", type=int, default=None,
-                   help="built-in: samples to generate (12000); others: a seeded random subset")
-    g.add_argument("--val-samples", type=int, default=None,
-                   help="built-in: samples to generate (2000); others: a seeded random subset")
-    g.add_argument("--image-size", type=int, default=None,
-                   help="resize images to this square size (ImageFolder/Parquet default: 32)")
+    g.add_argument(
+        "--download",
+        action="store_true",
+        help="let torchvision download cifar10/mnist/fashion-mnist",
+    )
+    g.add_argument(
+        "--train-samples",
+        type=int,
+        default=None,
+        help="built-in: samples to generate (12000); others: a seeded random subset",
+    )
+    g.add_argument(
+        "--val-samples",
+        type=int,
+        default=None,
+        help="built-in: samples to generate (2000); others: a seeded random subset",
+    )
+    g.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        help="resize images to this square size (ImageFolder/Parquet default: 32)",
+    )
     g.add_argument("--label-column", default=d.label_column, help="Parquet label column")
     g.add_argument("--image-column", default=d.image_column, help="Parquet image-bytes column")
-    g.add_argument("--feature-column", default=None, help="Parquet list<float> column (with --model mlp)")
-    g.add_argument("--loader-workers", type=int, default=None,
-                   help="DataLoader processes per training worker (default: 0 built-in, else "
-                        "min(4, cpus-per-worker))")
+    g.add_argument(
+        "--feature-column", default=None, help="Parquet list<float> column (with --model mlp)"
+    )
+    g.add_argument(
+        "--loader-workers",
+        type=int,
+        default=None,
+        help="DataLoader processes per training worker (default: 0 built-in, else "
+        "min(4, cpus-per-worker))",
+    )
     pin = g.add_mutually_exclusive_group()
-    pin.add_argument("--pin-memory", dest="pin_memory", action="store_const", const=True, default=None,
-                     help="pin host memory (default: on with GPUs)")
+    pin.add_argument(
+        "--pin-memory",
+        dest="pin_memory",
+        action="store_const",
+        const=True,
+        default=None,
+        help="pin host memory (default: on with GPUs)",
+    )
     pin.add_argument("--no-pin-memory", dest="pin_memory", action="store_const", const=False)
 
     g = parser.add_argument_group("model")
-    g.add_argument("--model", default=d.model,
-                   help="small_cnn, mlp, or a torchvision classifier name, e.g. resnet18 "
-                        "(default: %(default)s)")
+    g.add_argument(
+        "--model",
+        default=d.model,
+        help="small_cnn, mlp, or a torchvision classifier name, e.g. resnet18 "
+        "(default: %(default)s)",
+    )
 
     g = parser.add_argument_group("output and checkpoints")
-    g.add_argument("--storage-path", default=d.storage_path,
-                   help="local path or s3:// / gs:// URI for runs (default: ./runs)")
-    g.add_argument("--name", default=None,
-                   help="run name; re-running an existing name resumes it (default: a new "
-                        "timestamped name)")
+    g.add_argument(
+        "--storage-path",
+        default=d.storage_path,
+        help="local path or s3:// / gs:// URI for runs (default: ./runs)",
+    )
+    g.add_argument(
+        "--name",
+        default=None,
+        help="run name; re-running an existing name resumes it (default: a new timestamped name)",
+    )
     g.add_argument("--resume-from", default=None, help="start from this checkpoint directory")
-    g.add_argument("--keep-checkpoints", type=int, default=d.keep_checkpoints,
-                   help="best checkpoints kept by val_acc; the latest is kept too (default: %(default)s)")
+    g.add_argument(
+        "--keep-checkpoints",
+        type=int,
+        default=d.keep_checkpoints,
+        help="best checkpoints kept by val_acc; the latest is kept too (default: %(default)s)",
+    )
     g.add_argument("--summary-json", default=None, help="write the final summary as JSON here")
-    g.add_argument("--comm-stats", action="store_true",
-                   help="count gradient all-reduces per optimizer step (a DDP comm hook)")
+    g.add_argument(
+        "--comm-stats",
+        action="store_true",
+        help="count gradient all-reduces per optimizer step (a DDP comm hook)",
+    )
 
 
 def config_from_args(args: argparse.Namespace) -> TrainConfig:
@@ -105,12 +202,13 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="jobs/train.py",
         description="Distributed data-parallel training on Ray: one worker per GPU (or CPU "
-                    "workers on gloo), rank-0 checkpoints, resumable by --name.",
+        "workers on gloo), rank-0 checkpoints, resumable by --name.",
     )
     add_training_arguments(parser)
     args = parser.parse_args(argv)
     cfg = config_from_args(args)
-    cfg.progress_bar = sys.stderr.isatty()
+    if sys.stdout.isatty():
+        cfg.progress_interval_s = 5.0
 
     from ray_ddp import reporting
     from ray_ddp.trainer import run_training, write_summary

@@ -118,8 +118,9 @@ class TrainConfig:
     always kept as well."""
     summary_json: str | None = None
     """Write the final summary as JSON to this path."""
-    progress_bar: bool = False
-    """Show a per-epoch progress bar (the driver turns it on when attached to a terminal)."""
+    progress_interval_s: float = 30.0
+    """Seconds between rank 0's in-epoch progress lines (a text bar with loss, speed and
+    ETA); the CLI uses 5 when attached to a terminal. 0 turns them off."""
     comm_stats: bool = False
     """Count gradient all-reduces with a DDP communication hook and report them per
     optimizer step (a check that accumulation really skips the all-reduce)."""

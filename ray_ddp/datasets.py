@@ -67,7 +67,9 @@ def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
             cfg.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
         )
     assert cfg.data_dir is not None  # validate() guarantees it
-    if not os.path.isdir(cfg.data_dir) and not (cfg.download and cfg.dataset in _TORCHVISION_LAYOUT):
+    if not os.path.isdir(cfg.data_dir) and not (
+        cfg.download and cfg.dataset in _TORCHVISION_LAYOUT
+    ):
         raise ConfigError(f"--data-dir {cfg.data_dir} does not exist or is not a directory")
     if cfg.dataset in _TORCHVISION_LAYOUT:
         folder, files = _TORCHVISION_LAYOUT[cfg.dataset]
@@ -134,7 +136,11 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
         )
     else:
         train, val = _torchvision_splits(cfg)
-    return _subset(train, cfg.train_samples, cfg.seed), _subset(val, cfg.val_samples, cfg.seed), info
+    return (
+        _subset(train, cfg.train_samples, cfg.seed),
+        _subset(val, cfg.val_samples, cfg.seed),
+        info,
+    )
 
 
 def _torchvision_splits(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
@@ -169,9 +175,7 @@ def _PresenceCheckedCIFAR10() -> type:  # noqa: N802 - a class factory
     class PresenceCheckedCIFAR10(torchvision.datasets.CIFAR10):
         def _check_integrity(self) -> bool:
             names = [name for name, _ in self.train_list + self.test_list]
-            return all(
-                check_integrity(os.path.join(self.root, self.base_folder, n)) for n in names
-            )
+            return all(check_integrity(os.path.join(self.root, self.base_folder, n)) for n in names)
 
         def _load_meta(self) -> None:
             import pickle

@@ -51,9 +51,7 @@ class EvalResult:
 
 
 @torch.no_grad()
-def evaluate(
-    model: torch.nn.Module, loader, device: torch.device, amp: str = "off"
-) -> EvalResult:
+def evaluate(model: torch.nn.Module, loader, device: torch.device, amp: str = "off") -> EvalResult:
     """Evaluate ``model`` on this rank's share of ``loader`` and sum over all ranks.
 
     Pass the unwrapped module: evaluation needs no gradient synchronisation, and a plain

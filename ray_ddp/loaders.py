@@ -20,7 +20,11 @@ def loader_workers(cfg: TrainConfig) -> int:
 
 
 def make_loaders(
-    cfg: TrainConfig, train_ds: Dataset, val_ds: Dataset, rank: int, world_size: int,
+    cfg: TrainConfig,
+    train_ds: Dataset,
+    val_ds: Dataset,
+    rank: int,
+    world_size: int,
     device: torch.device,
 ) -> tuple[DataLoader, DistributedSampler, DataLoader]:
     workers = loader_workers(cfg)

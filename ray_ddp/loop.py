@@ -50,6 +50,10 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
+def dist_world_size() -> int:
+    return dist.get_world_size() if _distributed() else 1
+
+
 def _all_gather(obj: Any) -> list[Any]:
     if not _distributed():
         return [obj]
@@ -175,10 +179,25 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         started = time.perf_counter()
         syncs_before = counter.syncs if counter else 0
         steps_before = progress.step
-        loss_sum, seen = _train_epoch(
-            cfg, model, train_loader, optimizer, scheduler, scaler, device, progress,
-            epoch, is_main,
-        )
+        try:
+            loss_sum, seen = _train_epoch(
+                cfg,
+                model,
+                train_loader,
+                optimizer,
+                scheduler,
+                scaler,
+                device,
+                progress,
+                epoch,
+                is_main,
+            )
+        except torch.OutOfMemoryError as exc:
+            raise RuntimeError(
+                f"out of memory on rank {rank} ({device}) with --batch-size {cfg.batch_size} "
+                f"per worker: lower --batch-size and raise --accum-steps to keep the global "
+                f"batch of {cfg.batch_size * world_size * cfg.accum_steps}"
+            ) from exc
         epoch_s = time.perf_counter() - started
         totals = torch.tensor([loss_sum, seen], dtype=torch.float64, device=device)
         if _distributed():
@@ -211,8 +230,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             steps = progress.step - steps_before
             metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / max(1, steps)
         rng = _all_gather(capture_rng())
-        _report(cfg, metrics, is_main, model, optimizer, scheduler, scaler, progress,
-                model_meta, rng)
+        _report(
+            cfg, metrics, is_main, model, optimizer, scheduler, scaler, progress, model_meta, rng
+        )
         log(reporting.epoch_line(metrics, cfg.epochs))
         history.append(metrics)
 
@@ -245,11 +265,8 @@ def _train_epoch(
     # Summed on the device: calling .item() every step would wait for the GPU each time.
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     seen = 0
-    bar = None
-    if is_main and cfg.progress_bar:
-        from ray.experimental.tqdm_ray import tqdm
-
-        bar = tqdm(total=batches, desc=f"epoch {epoch + 1}/{cfg.epochs}")
+    started = last_report = time.perf_counter()
+    report_progress = is_main and cfg.progress_interval_s > 0
     no_sync = getattr(model, "no_sync", None)  # absent with one worker (no DDP wrapper)
     optimizer.zero_grad(set_to_none=True)
     for index, (inputs, targets) in enumerate(loader):
@@ -261,7 +278,9 @@ def _train_epoch(
         boundary = index - window_start == window - 1
         # Only the boundary micro-step all-reduces gradients; the others accumulate
         # locally under no_sync() (the guide's version all-reduced on every micro-step).
-        sync_context = no_sync() if (no_sync is not None and not boundary) else contextlib.nullcontext()
+        sync_context = (
+            no_sync() if (no_sync is not None and not boundary) else contextlib.nullcontext()
+        )
         with sync_context:
             with autocast(cfg.amp, device):
                 logits = model(inputs)
@@ -278,12 +297,25 @@ def _train_epoch(
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             progress.step += 1
-        if bar is not None:
-            bar.update(1)
+        if report_progress and time.perf_counter() - last_report >= cfg.progress_interval_s:
+            last_report = time.perf_counter()
+            elapsed = last_report - started
+            done = index + 1
+            sys.stdout.write(
+                reporting.progress_line(
+                    epoch + 1,
+                    cfg.epochs,
+                    done,
+                    batches,
+                    loss_sum.item() / seen,
+                    seen * dist_world_size() / elapsed,
+                    elapsed * (batches - done) / done,
+                )
+                + "\n"
+            )
+            sys.stdout.flush()
         if boundary and cfg.max_steps and progress.step >= cfg.max_steps:
             break
-    if bar is not None:
-        bar.close()
     return loss_sum.item(), seen
 
 

@@ -10,7 +10,9 @@ import torch
 from ray_ddp.config import TrainConfig
 
 
-def build_optimizer(cfg: TrainConfig, params: Iterable[torch.nn.Parameter]) -> torch.optim.Optimizer:
+def build_optimizer(
+    cfg: TrainConfig, params: Iterable[torch.nn.Parameter]
+) -> torch.optim.Optimizer:
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(
             params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay

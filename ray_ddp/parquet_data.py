@@ -24,8 +24,7 @@ def split_path(data_dir: str, split: str) -> str:
         if os.path.exists(candidate):
             return candidate
     raise ConfigError(
-        f"parquet needs {data_dir}/{split}.parquet or a {data_dir}/{split}/ folder of "
-        "Parquet files"
+        f"parquet needs {data_dir}/{split}.parquet or a {data_dir}/{split}/ folder of Parquet files"
     )
 
 
@@ -122,7 +121,9 @@ def load(cfg: TrainConfig, info) -> tuple[Dataset, Dataset]:
         table = _read(path, [cfg.label_column, _input_column(cfg)])
         labels = _labels(table, cfg.label_column, path)
         if cfg.feature_column:
-            features = torch.tensor(table.column(cfg.feature_column).to_pylist(), dtype=torch.float32)
+            features = torch.tensor(
+                table.column(cfg.feature_column).to_pylist(), dtype=torch.float32
+            )
             splits.append(TensorDataset(features, labels))
         else:
             images = _image_bytes(table.column(cfg.image_column))

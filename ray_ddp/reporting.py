@@ -36,6 +36,26 @@ def epoch_line(m: dict[str, Any], epochs: int) -> str:
     return line
 
 
+def progress_line(
+    epoch: int,
+    epochs: int,
+    done: int,
+    total: int,
+    loss: float,
+    samples_per_s: float,
+    eta_s: float,
+    width: int = 24,
+) -> str:
+    """An in-epoch progress bar as one line (Ray forwards worker output line by line, so
+    an in-place terminal bar cannot reach the driver)."""
+    filled = round(width * done / max(1, total))
+    return (
+        f"  epoch {epoch}/{epochs} [{'#' * filled}{'.' * (width - filled)}] "
+        f"{100 * done / max(1, total):3.0f}%  {done}/{total} batches  loss {loss:.4f}  "
+        f"{samples_per_s:.0f} samples/s  eta {eta_s:.0f} s"
+    )
+
+
 def summary_text(summary: dict[str, Any]) -> str:
     final, best = summary["final"], summary["best"]
     lines = [

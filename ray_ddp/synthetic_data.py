@@ -54,6 +54,7 @@ def make_synthetic(
     seed: int, train_samples: int | None = None, val_samples: int | None = None
 ) -> tuple[TensorDataset, TensorDataset]:
     """The train and validation splits for ``seed`` (same seed, same tensors)."""
+
     # Separate streams, so the validation split does not change with the train size.
     def stream(k: int) -> torch.Generator:
         return torch.Generator().manual_seed(seed * 3 + k)

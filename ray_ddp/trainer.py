@@ -36,8 +36,11 @@ def preflight(cfg: TrainConfig) -> DatasetInfo:
             state = load_state(cfg.resume_from)
             check_compatible(
                 state,
-                {"model": cfg.model, "num_classes": info.num_classes,
-                 "input_shape": list(info.input_shape)},
+                {
+                    "model": cfg.model,
+                    "num_classes": info.num_classes,
+                    "input_shape": list(info.input_shape),
+                },
                 f"--resume-from {cfg.resume_from}",
             )
         except CheckpointError as exc:
@@ -77,7 +80,9 @@ def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
     cpus = int(resources.get("CPU", 0))
     use_gpu = cfg.use_gpu if cfg.use_gpu is not None else gpus > 0
     if use_gpu and gpus == 0:
-        raise ConfigError("--use-gpu was given but the Ray cluster has no GPUs; drop it or use --no-gpu")
+        raise ConfigError(
+            "--use-gpu was given but the Ray cluster has no GPUs; drop it or use --no-gpu"
+        )
     if cfg.amp == "fp16" and not use_gpu:
         raise ConfigError("--amp fp16 needs GPU workers; use --amp bf16 or --amp off on CPU")
     num_workers = cfg.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
@@ -89,8 +94,7 @@ def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
         )
     if use_gpu and num_workers > gpus:
         raise ConfigError(
-            f"{num_workers} GPU workers asked, the Ray cluster has {gpus} GPUs; "
-            "lower --num-workers"
+            f"{num_workers} GPU workers asked, the Ray cluster has {gpus} GPUs; lower --num-workers"
         )
     return dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
 
@@ -113,8 +117,9 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     connect(cfg.address)
     cfg = resolve_scaling(cfg)
     preflight(cfg)  # again with num_workers known: the batch-vs-shard check
-    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg),
-                              storage_path=storage_location(cfg))
+    cfg = dataclasses.replace(
+        cfg, name=cfg.name or default_name(cfg), storage_path=storage_location(cfg)
+    )
 
     from ray.train import CheckpointConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -171,9 +176,12 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
         "steps": final_metrics.get("step", 0),
         "final": {k: final_metrics[k] for k in pick if k in final_metrics},
         "best": (
-            {**{k: best_metrics[k] for k in pick if k in best_metrics},
-             "checkpoint": best_ckpt.path}
-            if best_ckpt is not None else {}
+            {
+                **{k: best_metrics[k] for k in pick if k in best_metrics},
+                "checkpoint": best_ckpt.path,
+            }
+            if best_ckpt is not None
+            else {}
         ),
         "latest_checkpoint": result.checkpoint.path if result.checkpoint else None,
         "history": info.get("history", []),

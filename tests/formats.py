@@ -29,7 +29,9 @@ def write_cifar10(root: str, per_batch: int = 6, test: int = 5, seed: int = 0) -
             pickle.dump({"batch_label": name, "data": data, "labels": labels}, f)
         batches[name] = (data, labels)
     with open(os.path.join(folder, "batches.meta"), "wb") as f:
-        pickle.dump({"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch}, f)
+        pickle.dump(
+            {"label_names": [f"class{i}" for i in range(10)], "num_cases_per_batch": per_batch}, f
+        )
     return batches
 
 
@@ -74,8 +76,14 @@ def class_image(label: int, size: int, rng: np.random.Generator) -> np.ndarray:
     return base + noise
 
 
-def write_imagefolder(root: str, classes=("cat", "dog", "owl"), train: int = 8, val: int = 3,
-                      size: int = 20, seed: int = 0) -> None:
+def write_imagefolder(
+    root: str,
+    classes=("cat", "dog", "owl"),
+    train: int = 8,
+    val: int = 3,
+    size: int = 20,
+    seed: int = 0,
+) -> None:
     """train/<class>/*.png and val/<class>/*.png, different sizes and modes mixed in."""
     rng = np.random.default_rng(seed)
     for split, n in (("train", train), ("val", val)):
@@ -89,8 +97,16 @@ def write_imagefolder(root: str, classes=("cat", "dog", "owl"), train: int = 8, 
                 image.save(os.path.join(folder, f"{i}.png"))
 
 
-def write_parquet(root: str, train: int = 40, val: int = 11, classes: int = 3, size: int = 16,
-                  features: int = 0, seed: int = 0, hf_struct: bool = False) -> None:
+def write_parquet(
+    root: str,
+    train: int = 40,
+    val: int = 11,
+    classes: int = 3,
+    size: int = 16,
+    features: int = 0,
+    seed: int = 0,
+    hf_struct: bool = False,
+) -> None:
     """train.parquet and val.parquet with a label column and PNG bytes (or features)."""
     rng = np.random.default_rng(seed)
     os.makedirs(root, exist_ok=True)

@@ -36,10 +36,15 @@ def _write(directory: str) -> torch.nn.Module:
     optimizer.step()
     scheduler.step()
     save_state(
-        directory, model=model, optimizer=optimizer, scheduler=scheduler,
+        directory,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
         scaler=grad_scaler("off", torch.device("cpu")),
-        progress=TrainProgress(epoch=3, step=42, best_val_acc=0.5), config=cfg.to_dict(),
-        model_meta=META, rng_per_rank=[capture_rng(), capture_rng()],
+        progress=TrainProgress(epoch=3, step=42, best_val_acc=0.5),
+        config=cfg.to_dict(),
+        model_meta=META,
+        rng_per_rank=[capture_rng(), capture_rng()],
     )
     return model
 

@@ -43,9 +43,9 @@ def test_warmup_then_cosine():
     factors = [lr_factor(s, warmup, total, 0.01) for s in range(total + 5)]
     assert factors[0] == pytest.approx(0.1)
     assert factors[warmup - 1] == pytest.approx(1.0)  # peak at the end of warm-up
-    assert all(a <= b for a, b in zip(factors[:warmup], factors[1:warmup]))
+    assert all(a <= b for a, b in zip(factors[:warmup], factors[1:warmup], strict=False))
     decay = factors[warmup:total]
-    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert all(a >= b for a, b in zip(decay, decay[1:], strict=False))
     assert factors[total] == pytest.approx(0.01)  # floor reached, then flat
     assert factors[-1] == pytest.approx(0.01)
     assert default_warmup(1000) == 50 and default_warmup(3) == 1

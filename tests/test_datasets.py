@@ -43,7 +43,9 @@ def test_cifar10_batch_files(tmp_path):
     assert train[0][0].shape == (3, 32, 32)  # augmented (crop + flip), same shape
 
 
-@pytest.mark.parametrize(("dataset", "folder"), [("mnist", "MNIST"), ("fashion-mnist", "FashionMNIST")])
+@pytest.mark.parametrize(
+    ("dataset", "folder"), [("mnist", "MNIST"), ("fashion-mnist", "FashionMNIST")]
+)
 def test_mnist_idx_folders(tmp_path, dataset, folder):
     written = write_mnist(str(tmp_path), folder=folder, train=12, test=7)
     train, val, info = build_datasets(TrainConfig(dataset=dataset, data_dir=str(tmp_path)))

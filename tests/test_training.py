@@ -71,8 +71,13 @@ def test_rerunning_the_name_resumes_from_the_last_epoch(first_run):
 def test_resume_from_a_checkpoint_directory(first_run, storage):
     cfg, first = first_run
     summary = run_training(
-        dataclasses.replace(cfg, name="branch", storage_path=storage, epochs=4,
-                            resume_from=first["latest_checkpoint"])
+        dataclasses.replace(
+            cfg,
+            name="branch",
+            storage_path=storage,
+            epochs=4,
+            resume_from=first["latest_checkpoint"],
+        )
     )
     assert [m["epoch"] for m in summary["history"]] == [4]
     assert summary["run_dir"].startswith(storage)
@@ -89,8 +94,18 @@ def test_accumulation_equals_the_big_batch_with_one_allreduce_per_step(ray_sessi
     SGD, because its update is linear in the gradient: float-rounding differences in the
     summed gradient stay float-sized (AdamW divides by sqrt(v) and can magnify them on
     near-zero gradients)."""
-    common = dict(num_workers=2, train_samples=512, val_samples=64, epochs=1, max_steps=2,
-                  storage_path=storage, comm_stats=True, seed=5, optimizer="sgd", lr=0.05)
+    common = dict(
+        num_workers=2,
+        train_samples=512,
+        val_samples=64,
+        epochs=1,
+        max_steps=2,
+        storage_path=storage,
+        comm_stats=True,
+        seed=5,
+        optimizer="sgd",
+        lr=0.05,
+    )
     accumulated = run_training(TrainConfig(**common, batch_size=8, accum_steps=4, name="acc"))
     big = run_training(TrainConfig(**common, batch_size=32, accum_steps=1, name="big"))
     assert accumulated["steps"] == big["steps"] == 2
@@ -102,8 +117,15 @@ def test_accumulation_equals_the_big_batch_with_one_allreduce_per_step(ray_sessi
 
 def test_bf16_autocast_trains_on_cpu(ray_session, storage):
     summary = run_training(
-        TrainConfig(num_workers=2, amp="bf16", train_samples=1024, val_samples=101,
-                    epochs=2, storage_path=storage, name="bf16")
+        TrainConfig(
+            num_workers=2,
+            amp="bf16",
+            train_samples=1024,
+            val_samples=101,
+            epochs=2,
+            storage_path=storage,
+            name="bf16",
+        )
     )
     history = summary["history"]
     assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
@@ -115,9 +137,18 @@ def test_imagefolder_files_train_across_workers(ray_session, storage, tmp_path):
     """Real PNG files decoded in DataLoader worker processes inside Ray workers."""
     write_imagefolder(str(tmp_path / "data"), train=16, val=5, size=20)
     summary = run_training(
-        TrainConfig(num_workers=2, dataset="imagefolder", data_dir=str(tmp_path / "data"),
-                    image_size=16, batch_size=8, epochs=2, loader_workers=1, lr=1e-2,
-                    storage_path=storage, name="folder")
+        TrainConfig(
+            num_workers=2,
+            dataset="imagefolder",
+            data_dir=str(tmp_path / "data"),
+            image_size=16,
+            batch_size=8,
+            epochs=2,
+            loader_workers=1,
+            lr=1e-2,
+            storage_path=storage,
+            name="folder",
+        )
     )
     assert summary["final"]["val_count"] == 15
     assert load_model(summary["latest_checkpoint"]).head.out_features == 3
