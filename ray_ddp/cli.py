@@ -15,8 +15,9 @@ from ray_ddp.config import AMP_MODES, DATASETS, OPTIMIZERS, ConfigError, TrainCo
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
 
-def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags shared by training and tuning (everything that is not swept)."""
+def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
+    """The flags shared by training and tuning. With ``sweep``, --lr is left out (it is
+    swept) and --batch-size becomes the reference batch of --scale-lr."""
     d = TrainConfig()
     g = parser.add_argument_group("scaling (who runs)")
     g.add_argument(
@@ -28,9 +29,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     )
     g.add_argument(
         "--cpus-per-worker",
-        type=int,
+        type=float,
         default=d.cpus_per_worker,
-        help="CPUs reserved per worker, also its torch thread count (default: %(default)s)",
+        help="CPUs reserved per worker (fractions allowed); its torch threads = the whole "
+        "part (default: %(default)s)",
     )
     gpu = g.add_mutually_exclusive_group()
     gpu.add_argument(
@@ -62,8 +64,12 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-size",
         type=int,
         default=d.batch_size,
-        help="PER-WORKER micro-batch size; global batch = batch-size x workers x "
-        "accum-steps (default: %(default)s)",
+        help=(
+            "reference PER-WORKER batch for --scale-lr (the swept sizes are --batch-sizes)"
+            if sweep
+            else "PER-WORKER micro-batch size; global batch = batch-size x workers x "
+            "accum-steps (default: %(default)s)"
+        ),
     )
     g.add_argument(
         "--accum-steps",
@@ -71,9 +77,10 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.accum_steps,
         help="micro-batches accumulated per optimizer step (default: %(default)s)",
     )
-    g.add_argument(
-        "--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
-    )
+    if not sweep:
+        g.add_argument(
+            "--lr", type=float, default=d.lr, help="peak learning rate (default: %(default)s)"
+        )
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer)
     g.add_argument("--momentum", type=float, default=d.momentum, help="SGD momentum")
     g.add_argument("--weight-decay", type=float, default=d.weight_decay)
@@ -228,4 +235,89 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     print(reporting.summary_text(summary), flush=True)
     if cfg.summary_json:
         write_summary(summary, cfg.summary_json)
+    return EXIT_OK
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected integers like 32,64,128, got {text!r}"
+        ) from None
+
+
+def tune_main(argv: Sequence[str] | None = None) -> int:
+    """``jobs/tune.py``: a Ray Tune sweep over lr and per-worker batch size."""
+    from ray_ddp.tune import SweepConfig
+
+    d = SweepConfig()
+    parser = argparse.ArgumentParser(
+        prog="jobs/tune.py",
+        description="Sweep learning rate and per-worker batch size with Ray Tune; every "
+        "trial is a full distributed run of the jobs/train.py loop.",
+    )
+    g = parser.add_argument_group("search space and scheduler")
+    g.add_argument("--lr-min", type=float, default=d.lr_min, help="default: %(default)s")
+    g.add_argument("--lr-max", type=float, default=d.lr_max, help="default: %(default)s")
+    g.add_argument(
+        "--batch-sizes",
+        type=_int_list,
+        default=d.batch_sizes,
+        help="per-worker batch sizes to choose from, comma-separated (default: 32,64,128)",
+    )
+    g.add_argument("--num-samples", type=int, default=d.num_samples, help="trials to run")
+    g.add_argument(
+        "--max-concurrent-trials",
+        type=int,
+        default=None,
+        help="at most this many trials at once (default: as many as the cluster fits)",
+    )
+    g.add_argument(
+        "--grace-period",
+        type=int,
+        default=d.grace_period,
+        help="ASHA: epochs before a trial can be stopped (default: %(default)s)",
+    )
+    g.add_argument(
+        "--reduction-factor",
+        type=float,
+        default=d.reduction_factor,
+        help="ASHA: keep the top 1/this at each rung (default: %(default)s)",
+    )
+    g.add_argument(
+        "--no-early-stop",
+        dest="early_stop",
+        action="store_false",
+        help="run every trial to the last epoch (no ASHA)",
+    )
+    g.add_argument(
+        "--scale-lr",
+        action="store_true",
+        help="scale each trial's lr linearly with its global batch, relative to --batch-size",
+    )
+    g.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the interrupted sweep --name from --storage-path",
+    )
+    add_training_arguments(parser, sweep=True)
+    args = parser.parse_args(argv)
+    sweep = SweepConfig(
+        **{k: v for k, v in vars(args).items() if k in SweepConfig.__dataclass_fields__}
+    )
+    cfg = config_from_args(args)
+    cfg.progress_interval_s = 0  # trials interleave: per-epoch lines only
+
+    from ray_ddp.trainer import write_summary
+    from ray_ddp.tune import results_table, run_sweep
+
+    try:
+        summary = run_sweep(cfg, sweep)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(results_table(summary), flush=True)
+    if args.summary_json:
+        write_summary(summary, args.summary_json)
     return EXIT_OK

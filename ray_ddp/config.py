@@ -31,8 +31,9 @@ class TrainConfig:
     num_workers: int | None = None
     """Ray training workers (= DDP processes). Auto: one per GPU in the cluster, else 2 CPU
     workers."""
-    cpus_per_worker: int = 1
-    """CPUs reserved per worker; also the worker's torch thread count."""
+    cpus_per_worker: float = 1.0
+    """CPUs reserved per worker (fractions allowed, e.g. to fit a Tune trial's driver
+    beside its workers); the worker's torch thread count is its whole part, at least 1."""
     use_gpu: bool | None = None
     """True: one GPU per worker (NCCL); False: CPU workers (gloo); None: GPUs if any."""
     address: str | None = None
@@ -126,7 +127,8 @@ class TrainConfig:
     optimizer step (a check that accumulation really skips the all-reduce)."""
 
     extra: dict[str, Any] = field(default_factory=dict)
-    """Values the driver resolved for the workers (e.g. the run's storage directory)."""
+    """Values the driver passes to the workers beyond the flags (``log_prefix``: a Tune
+    trial's tag for its rank-0 lines)."""
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ def loader_workers(cfg: TrainConfig) -> int:
     if cfg.loader_workers is not None:
         return cfg.loader_workers
     # The built-in dataset is tensors in memory: worker processes would only add IPC.
-    return 0 if cfg.dataset == "synthetic" else min(4, cfg.cpus_per_worker)
+    return 0 if cfg.dataset == "synthetic" else min(4, int(cfg.cpus_per_worker))
 
 
 def make_loaders(

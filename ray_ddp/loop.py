@@ -90,15 +90,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     rank, world_size = context.get_world_rank(), context.get_world_size()
     is_main = rank == 0  # the world rank, never the local rank: one logger per run
 
+    prefix = cfg.extra.get("log_prefix", "")  # a Tune trial's id: trials interleave
+
     def log(message: str) -> None:
         # Straight to stdout: Ray Train patches print() into its logger, which echoes
         # every line twice on the driver.
         if is_main:
-            sys.stdout.write(message + "\n")
+            sys.stdout.write(prefix + message.replace("\n", "\n" + prefix) + "\n")
             sys.stdout.flush()
 
     # Ray reserved cpus_per_worker CPUs for this process; more threads would oversubscribe.
-    torch.set_num_threads(cfg.cpus_per_worker)
+    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
     device = ray.train.torch.get_device()
 
     train_ds, val_ds, info = build_datasets(cfg)

@@ -89,7 +89,7 @@ def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
     need_cpus = num_workers * cfg.cpus_per_worker
     if need_cpus > cpus:
         raise ConfigError(
-            f"{num_workers} workers x {cfg.cpus_per_worker} CPUs = {need_cpus} CPUs asked, "
+            f"{num_workers} workers x {cfg.cpus_per_worker:g} CPUs = {need_cpus:g} CPUs asked, "
             f"the Ray cluster has {cpus}; lower --num-workers or --cpus-per-worker"
         )
     if use_gpu and num_workers > gpus:
@@ -121,13 +121,23 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
         cfg, name=cfg.name or default_name(cfg), storage_path=storage_location(cfg)
     )
 
+    print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
+    trainer = build_trainer(cfg)
+    started = time.perf_counter()
+    result = trainer.fit()
+    wall_s = time.perf_counter() - started
+    return build_summary(cfg, result, wall_s)
+
+
+def build_trainer(cfg: TrainConfig, callbacks: list | None = None):
+    """The TorchTrainer for a resolved config (named, absolute storage, workers known).
+    Shared by single runs and Tune trials, so both run exactly the same loop."""
     from ray.train import CheckpointConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from ray_ddp.loop import train_loop_per_worker
 
-    print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
-    trainer = TorchTrainer(
+    return TorchTrainer(
         train_loop_per_worker,
         train_loop_config=cfg.to_dict(),
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
@@ -147,12 +157,9 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
             ),
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=callbacks or [],
         ),
     )
-    started = time.perf_counter()
-    result = trainer.fit()
-    wall_s = time.perf_counter() - started
-    return build_summary(cfg, result, wall_s)
 
 
 def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
