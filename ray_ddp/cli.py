@@ -10,7 +10,14 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from ray_ddp.config import AMP_MODES, DATASETS, OPTIMIZERS, ConfigError, TrainConfig
+from ray_ddp.config import (
+    AMP_MODES,
+    DATASETS,
+    OPTIMIZERS,
+    PLACEMENT_STRATEGIES,
+    ConfigError,
+    TrainConfig,
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 
@@ -54,6 +61,20 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
         "--address",
         default=None,
         help="Ray cluster to join (default: RAY_ADDRESS, else start a local Ray)",
+    )
+    g.add_argument(
+        "--placement-strategy",
+        type=str.upper,
+        choices=PLACEMENT_STRATEGIES,
+        default=d.placement_strategy,
+        help="PACK: fill nodes one by one (default); SPREAD: one worker per node first",
+    )
+    g.add_argument(
+        "--max-failures",
+        type=int,
+        default=d.max_failures,
+        help="restart all workers from the latest checkpoint after a lost worker or node, "
+        "up to N times (-1: no limit; default: %(default)s)",
     )
 
     g = parser.add_argument_group("optimisation")

@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
@@ -38,6 +39,12 @@ class TrainConfig:
     """True: one GPU per worker (NCCL); False: CPU workers (gloo); None: GPUs if any."""
     address: str | None = None
     """Ray cluster address to join (else RAY_ADDRESS, else a local Ray is started)."""
+    placement_strategy: str = "PACK"
+    """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
+    ``SPREAD`` puts workers on as many nodes as it can."""
+    max_failures: int = 0
+    """After a worker or node is lost, restart all workers from the latest checkpoint, up
+    to this many times (-1: without limit)."""
 
     # --- optimisation ---
     epochs: int = 10
@@ -192,6 +199,12 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.amp not in AMP_MODES:
         raise ConfigError(f"unknown --amp {cfg.amp!r}; choose one of: {', '.join(AMP_MODES)}")
+    if cfg.placement_strategy not in PLACEMENT_STRATEGIES:
+        raise ConfigError(
+            f"unknown --placement-strategy {cfg.placement_strategy!r}; choose PACK or SPREAD"
+        )
+    if cfg.max_failures < -1:
+        raise ConfigError(f"--max-failures must be -1 (no limit) or more, got {cfg.max_failures}")
     if cfg.optimizer not in OPTIMIZERS:
         raise ConfigError(
             f"unknown --optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}"

@@ -156,6 +156,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             "local_rank": context.get_local_rank(),
             "node_rank": context.get_node_rank(),
             "host": socket.gethostname(),
+            "node_id": ray.get_runtime_context().get_node_id(),
             "pid": os.getpid(),
             "device": str(device),
         }
@@ -246,6 +247,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "steps": progress.step,
         "world_size": world_size,
         "device": device.type,
+        "ranks": rows,
     }
 
 

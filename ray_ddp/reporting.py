@@ -8,11 +8,13 @@ from typing import Any
 
 def rank_table(rows: Sequence[dict[str, Any]]) -> str:
     """One line per worker: how Ray mapped ranks to nodes and devices."""
-    header = f"{'rank':>4}  {'local':>5}  {'node':>4}  {'host':<20} {'pid':>7}  device"
+    header = (
+        f"{'rank':>4}  {'local':>5}  {'node':>4}  {'node id':<8}  {'host':<20} {'pid':>7}  device"
+    )
     lines = [header]
     for r in sorted(rows, key=lambda r: r["rank"]):
         lines.append(
-            f"{r['rank']:>4}  {r['local_rank']:>5}  {r['node_rank']:>4}  "
+            f"{r['rank']:>4}  {r['local_rank']:>5}  {r['node_rank']:>4}  {r['node_id'][:8]:<8}  "
             f"{r['host'][:20]:<20} {r['pid']:>7}  {r['device']}"
         )
     return "\n".join(lines)

@@ -18,6 +18,7 @@ from ray_ddp.checkpoint import CheckpointError, check_compatible, load_state
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.datasets import DatasetInfo, describe_dataset
 from ray_ddp.models import check_model_name
+from ray_ddp.storage import check_shared_storage, storage_location
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -99,13 +100,6 @@ def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
 
 
-def storage_location(cfg: TrainConfig) -> str:
-    """An absolute local path or a URI (Ray requires one or the other)."""
-    if "://" in cfg.storage_path:
-        return cfg.storage_path
-    return os.path.abspath(os.path.expanduser(cfg.storage_path))
-
-
 def default_name(cfg: TrainConfig) -> str:
     return f"{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
 
@@ -118,8 +112,9 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     cfg = resolve_scaling(cfg)
     preflight(cfg)  # again with num_workers known: the batch-vs-shard check
     cfg = dataclasses.replace(
-        cfg, name=cfg.name or default_name(cfg), storage_path=storage_location(cfg)
+        cfg, name=cfg.name or default_name(cfg), storage_path=storage_location(cfg.storage_path)
     )
+    check_shared_storage(cfg.storage_path)
 
     print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
     trainer = build_trainer(cfg)
@@ -132,7 +127,13 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 def build_trainer(cfg: TrainConfig, callbacks: list | None = None):
     """The TorchTrainer for a resolved config (named, absolute storage, workers known).
     Shared by single runs and Tune trials, so both run exactly the same loop."""
-    from ray.train import CheckpointConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train import (
+        CheckpointConfig,
+        FailureConfig,
+        LoggingConfig,
+        RunConfig,
+        ScalingConfig,
+    )
     from ray.train.torch import TorchConfig, TorchTrainer
 
     from ray_ddp.loop import train_loop_per_worker
@@ -146,6 +147,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None):
             num_workers=cfg.num_workers,
             use_gpu=cfg.use_gpu,
             resources_per_worker={"CPU": cfg.cpus_per_worker},
+            placement_strategy=cfg.placement_strategy,
         ),
         run_config=RunConfig(
             name=cfg.name,
@@ -158,6 +160,7 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None):
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=callbacks or [],
+            failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
     )
 
@@ -192,6 +195,7 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
         ),
         "latest_checkpoint": result.checkpoint.path if result.checkpoint else None,
         "history": info.get("history", []),
+        "ranks": info.get("ranks", []),
         "wall_s": wall_s,
         "samples_per_s": info.get("samples_seen", 0) / train_seconds if train_seconds else 0.0,
     }

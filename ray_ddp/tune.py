@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.trainer import connect, preflight, resolve_scaling, storage_location
+from ray_ddp.storage import check_shared_storage, storage_location
+from ray_ddp.trainer import connect, preflight, resolve_scaling
 
 METRIC, MODE = "val_acc", "max"
 
@@ -132,7 +133,8 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
         preflight(dataclasses.replace(cfg, batch_size=batch_size))
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
     name = cfg.name or f"sweep-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    storage = storage_location(cfg)
+    storage = storage_location(cfg.storage_path)
+    check_shared_storage(storage)
     sweep_dir = os.path.join(storage, name)
     cfg = dataclasses.replace(cfg, name=None, storage_path=storage, summary_json=None)
 

@@ -11,14 +11,23 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session():
-    """A real local Ray with 2 CPUs, shared by every test that trains."""
+    """A real local Ray with 2 CPUs, shared by every test that trains: started by the
+    first module that needs it and kept for the next ones (start-up is paid once), unless a
+    module that builds its own cluster (multi-node tests) shut it down in between."""
     import ray
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, logging_level="WARNING")
-    yield ray
+    return ray
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shutdown_ray_at_the_end():
+    yield
+    import ray
+
     ray.shutdown()
 
 

@@ -1,0 +1,62 @@
+"""Where runs are stored, and whether every node can reach it.
+
+Checkpoints are written by the rank-0 worker, wherever Ray placed it, and read back by
+whichever node a restarted worker lands on; the driver reads the summary. On more than one
+node the storage must therefore be shared: a pyarrow URI (``s3://``, ``gs://``, ...) or a
+path every node sees (an NFS mount). A plain local path is checked for real: the driver
+writes a marker file and a tiny task on every node looks for it.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+from ray_ddp.config import ConfigError
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def storage_location(path: str) -> str:
+    """An absolute local path or a URI (Ray requires one or the other)."""
+    if is_uri(path):
+        return path
+    return os.path.abspath(os.path.expanduser(path))
+
+
+def _sees(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def check_shared_storage(path: str) -> None:
+    """Refuse a local ``path`` that some node of a multi-node cluster cannot see."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) <= 1 or is_uri(path):
+        return
+    os.makedirs(path, exist_ok=True)
+    marker = os.path.join(path, f".ray_ddp_shared_check_{uuid.uuid4().hex}")
+    with open(marker, "w") as f:
+        f.write("visible from every node?\n")
+    try:
+        probe = ray.remote(num_cpus=0)(_sees)
+        refs = [
+            probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote(marker)
+            for n in nodes
+        ]
+        seen = ray.get(refs, timeout=120)
+    finally:
+        os.remove(marker)
+    blind = [n["NodeManagerAddress"] for n, ok in zip(nodes, seen, strict=True) if not ok]
+    if blind:
+        raise ConfigError(
+            f"--storage-path {path} is local to this machine: {len(blind)} of {len(nodes)} "
+            f"nodes ({', '.join(sorted(set(blind))[:3])}) cannot see it; use s3://, gs:// or "
+            "a path mounted on every node"
+        )
