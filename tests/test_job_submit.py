@@ -1,0 +1,95 @@
+"""`ray job submit` against a real local Ray head with token authentication on."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+pytestmark = pytest.mark.ray
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def head():
+    """A head started with `ray start --head --block` (its processes end with it), with
+    token auth; always stopped, whatever the test did."""
+    import ray
+
+    ray.shutdown()  # one Ray cluster on this machine at a time
+    env = {**os.environ, "RAY_AUTH_MODE": "token"}
+    subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
+    port, dashboard = _free_port(), _free_port()
+    temp_dir = tempfile.mkdtemp(prefix="rdh", dir="/tmp")
+    proc = subprocess.Popen(
+        [RAY, "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dashboard}",
+         "--dashboard-host=127.0.0.1", "--num-cpus=2", f"--temp-dir={temp_dir}"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{dashboard}"
+    try:
+        deadline = time.time() + 90
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/api/version", timeout=2)
+                break
+            except urllib.error.HTTPError:
+                break  # answering (401 without a token): the dashboard is up
+            except OSError:
+                if time.time() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the Ray head did not come up") from None
+                time.sleep(1)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_unauthenticated_requests_are_refused(head):
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(f"{head}/api/jobs/", timeout=10)
+    assert refused.value.code == 401
+
+
+def test_submitted_training_job_succeeds_and_leaves_its_checkpoint(head, tmp_path):
+    """The README's command: `ray job submit --address ... --working-dir . -- python
+    jobs/train.py ...`, with the token-auth environment the client needs."""
+    storage, summary_path = tmp_path / "runs", tmp_path / "summary.json"
+    started = time.perf_counter()
+    proc = subprocess.run(
+        [RAY, "job", "submit", "--address", head, "--working-dir", ROOT,
+         "--runtime-env-json", json.dumps({"excludes": [".venv", ".git", "runs", "*.egg-info"]}),
+         "--", sys.executable, "jobs/train.py", "--epochs", "2", "--train-samples", "1000",
+         "--val-samples", "101", "--storage-path", str(storage), "--name", "submitted",
+         "--summary-json", str(summary_path)],
+        env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+        timeout=420, cwd=ROOT,
+    )  # fmt: skip
+    print(f"submitted job: {time.perf_counter() - started:.0f} s")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "succeeded" in out.lower() and "epoch   2/2" in out
+    summary = json.loads(summary_path.read_text())
+    assert summary["epochs_completed"] == 2 and summary["world_size"] == 2
+    assert os.path.isfile(os.path.join(summary["latest_checkpoint"], "state.pt"))
+    assert summary["latest_checkpoint"].startswith(str(storage))
