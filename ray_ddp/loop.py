@@ -10,6 +10,7 @@ checkpoint from rank 0 through ``ray.train.report`` (which every rank calls, as 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -103,7 +104,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
     device = ray.train.torch.get_device()
 
-    train_ds, val_ds, info = build_datasets(cfg)
+    if cfg.download:
+        # One download per node (by its local rank 0), not one per worker racing on the
+        # same files; everyone else waits, then reads what is on disk.
+        if context.get_local_rank() == 0:
+            build_datasets(cfg)
+        if _distributed():
+            dist.barrier()
+    train_ds, val_ds, info = build_datasets(dataclasses.replace(cfg, download=False))
     train_loader, train_sampler, val_loader = make_loaders(
         cfg, train_ds, val_ds, rank, world_size, device
     )
