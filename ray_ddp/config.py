@@ -161,7 +161,7 @@ def validate(cfg: TrainConfig) -> None:
     """Refuse values that cannot work, with one line that says what to change.
 
     Only checks that need nothing but the config live here; the data and the machine are
-    checked by the driver (``ray_ddp.preflight``).
+    checked by the driver (``ray_ddp.trainer.preflight``).
     """
 
     def positive(name: str, flag: str) -> None:

@@ -46,14 +46,21 @@ def preflight(cfg: TrainConfig) -> DatasetInfo:
             )
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from exc
-    if info.train_size is not None and cfg.num_workers:
-        shard = -(-info.train_size // cfg.num_workers)
-        if cfg.batch_size > shard:
-            raise ConfigError(
-                f"--batch-size {cfg.batch_size} (per worker) is larger than a worker's "
-                f"share of the {info.train_size} training samples ({shard}); lower it"
-            )
+    check_batch_fits(cfg, info, cfg.batch_size)
     return info
+
+
+def check_batch_fits(cfg: TrainConfig, info: DatasetInfo, batch_size: int) -> None:
+    """A per-worker batch larger than a worker's shard would train on nothing (the loader
+    drops the incomplete last batch). Needs num_workers; a no-op while it is "auto"."""
+    if info.train_size is None or not cfg.num_workers:
+        return
+    shard = -(-info.train_size // cfg.num_workers)
+    if batch_size > shard:
+        raise ConfigError(
+            f"--batch-size {batch_size} (per worker) is larger than a worker's "
+            f"share of the {info.train_size} training samples ({shard}); lower it"
+        )
 
 
 def _local_gpus() -> int:
@@ -107,10 +114,10 @@ def default_name(cfg: TrainConfig) -> str:
 def run_training(cfg: TrainConfig) -> dict[str, Any]:
     """Validate, connect, fit. Returns the summary. Raises ConfigError on bad input and
     ray.train.TrainingFailedError when training fails."""
-    preflight(cfg)
+    info = preflight(cfg)
     connect(cfg.address)
     cfg = resolve_scaling(cfg)
-    preflight(cfg)  # again with num_workers known: the batch-vs-shard check
+    check_batch_fits(cfg, info, cfg.batch_size)  # again, now that num_workers is known
     cfg = dataclasses.replace(
         cfg, name=cfg.name or default_name(cfg), storage_path=storage_location(cfg.storage_path)
     )

@@ -20,7 +20,7 @@ from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.storage import check_shared_storage, storage_location
-from ray_ddp.trainer import connect, preflight, resolve_scaling
+from ray_ddp.trainer import check_batch_fits, connect, preflight, resolve_scaling
 
 METRIC, MODE = "val_acc", "max"
 
@@ -120,8 +120,9 @@ def _run_trial(config: dict[str, Any]) -> None:
 def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
     validate_sweep(sweep, cfg)
-    for batch_size in sweep.batch_sizes:  # the data and batch checks, for every choice
-        preflight(dataclasses.replace(cfg, batch_size=batch_size))
+    info = preflight(cfg)
+    for batch_size in sweep.batch_sizes:
+        check_batch_fits(cfg, info, batch_size)
     connect(cfg.address)
     import ray
     from ray import tune
@@ -129,8 +130,8 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     from ray.tune.search import BasicVariantGenerator
 
     cfg = resolve_scaling(cfg)
-    for batch_size in sweep.batch_sizes:
-        preflight(dataclasses.replace(cfg, batch_size=batch_size))
+    for batch_size in sweep.batch_sizes:  # again, now that num_workers is known
+        check_batch_fits(cfg, info, batch_size)
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
     name = cfg.name or f"sweep-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
     storage = storage_location(cfg.storage_path)
