@@ -92,6 +92,13 @@ def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, 
     return max(1, min(fit, sweep.max_concurrent_trials or fit, sweep.num_samples))
 
 
+def trial_lr(config: dict[str, Any]) -> float:
+    """A trial's peak lr: the sampled one, times its batch / --batch-size with --scale-lr
+    (workers and accumulation are the same in every trial, so that is the global ratio)."""
+    scale = config["batch_size"] / config["train"]["batch_size"] if config["scale_lr"] else 1.0
+    return config["lr"] * scale
+
+
 def _run_trial(config: dict[str, Any]) -> None:
     """One Tune trial: a complete TorchTrainer run with this trial's lr and batch size."""
     import ray.tune
@@ -101,12 +108,9 @@ def _run_trial(config: dict[str, Any]) -> None:
 
     base = TrainConfig.from_dict(config["train"])
     trial_id = ray.tune.get_context().get_trial_id()
-    lr = config["lr"]
-    if config["scale_lr"]:
-        lr *= config["batch_size"] / base.batch_size  # same workers and accumulation
     cfg = dataclasses.replace(
         base,
-        lr=lr,
+        lr=trial_lr(config),
         batch_size=config["batch_size"],
         # Named by trial id: a resumed sweep re-runs an unfinished trial under the same
         # name, and Train picks up that run's latest checkpoint instead of starting over.
@@ -222,10 +226,9 @@ def _trial_row(result, epochs: int) -> dict[str, Any]:
     frame = result.metrics_dataframe
     config = result.config
     base = config["train"]
-    lr = config["lr"] * (config["batch_size"] / base["batch_size"] if config["scale_lr"] else 1)
     row: dict[str, Any] = {
         "trial": (result.metrics or {}).get("trial_id") or os.path.basename(str(result.path)),
-        "lr": lr,
+        "lr": trial_lr(config),
         "batch_size": config["batch_size"],
         "global_batch_size": config["batch_size"] * base["num_workers"] * base["accum_steps"],
         "epochs_run": 0,

@@ -15,7 +15,7 @@ import torch
 from ray_ddp.checkpoint import load_model
 from ray_ddp.cli import tune_main
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.tune import SweepConfig, plan_concurrency, run_sweep
+from ray_ddp.tune import SweepConfig, plan_concurrency, run_sweep, trial_lr
 
 pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,6 +34,12 @@ def test_concurrency_is_derived_from_the_cluster():
     assert plan_concurrency(gpu, sweep, {"CPU": 64, "GPU": 8}) == 2
     with pytest.raises(ConfigError, match="one trial needs 2.1 CPUs .* the cluster has 2 CPUs"):
         plan_concurrency(cfg, sweep, {"CPU": 2})
+
+
+def test_scale_lr_follows_the_global_batch():
+    config = {"lr": 0.01, "batch_size": 128, "scale_lr": True, "train": {"batch_size": 64}}
+    assert trial_lr(config) == pytest.approx(0.02)
+    assert trial_lr({**config, "scale_lr": False}) == 0.01
 
 
 def test_sweep_stops_weak_trials_and_reports_the_best(ray_session, storage):
