@@ -214,6 +214,18 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
     )
     g.add_argument("--summary-json", default=None, help="write the final summary as JSON here")
     g.add_argument(
+        "--no-tensorboard",
+        dest="tensorboard",
+        action="store_false",
+        help="no TensorBoard event files (metrics.csv and curves.png are still written)",
+    )
+    g.add_argument(
+        "--log-every-steps",
+        type=int,
+        default=d.log_every_steps,
+        help="TensorBoard: training loss and lr every N optimizer steps (default: %(default)s)",
+    )
+    g.add_argument(
         "--comm-stats",
         action="store_true",
         help="count gradient all-reduces per optimizer step (a DDP comm hook)",

@@ -129,6 +129,10 @@ class TrainConfig:
     progress_interval_s: float = 30.0
     """Seconds between rank 0's in-epoch progress lines (a text bar with loss, speed and
     ETA); the CLI uses 5 when attached to a terminal. 0 turns them off."""
+    tensorboard: bool = True
+    """Rank 0 writes TensorBoard event files (``<run>/tensorboard``) besides metrics.csv."""
+    log_every_steps: int = 50
+    """Log the training loss and lr to TensorBoard every this many optimizer steps."""
     comm_stats: bool = False
     """Count gradient all-reduces with a DDP communication hook and report them per
     optimizer step (a check that accumulation really skips the all-reduce)."""
@@ -177,6 +181,7 @@ def validate(cfg: TrainConfig) -> None:
     positive("cpus_per_worker", "--cpus-per-worker")
     positive("keep_checkpoints", "--keep-checkpoints")
     positive("max_steps", "--max-steps")
+    positive("log_every_steps", "--log-every-steps")
     positive("train_samples", "--train-samples")
     positive("val_samples", "--val-samples")
     positive("image_size", "--image-size")

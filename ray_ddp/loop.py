@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import math
 import os
+import resource
 import shutil
 import socket
 import sys
@@ -45,6 +46,7 @@ from ray_ddp.loaders import make_loaders
 from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import autocast, grad_scaler
+from ray_ddp.run_logs import RunLogs
 
 
 def _distributed() -> bool:
@@ -61,6 +63,13 @@ def _all_gather(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def _peak_memory(device: torch.device) -> tuple[float, str]:
+    """This process's peak memory in MB: CUDA peak allocated on GPU, resident set on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20, "CUDA peak allocated"
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak RSS"
 
 
 def _restore_source(cfg: TrainConfig) -> tuple[dict[str, Any] | None, str | None]:
@@ -178,74 +187,108 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     )
 
     history: list[dict[str, Any]] = []
+    per_rank: list[dict[str, Any]] = []
     train_seconds = 0.0
     samples_seen = 0
+    logs = (
+        RunLogs(os.path.join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
+        if is_main
+        else None
+    )
     if progress.epoch >= cfg.epochs or (cfg.max_steps and progress.step >= cfg.max_steps):
         log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
 
-    for epoch in range(progress.epoch, cfg.epochs):
-        if cfg.max_steps and progress.step >= cfg.max_steps:
-            break
-        train_sampler.set_epoch(epoch)  # a new, reproducible shuffle every epoch
-        started = time.perf_counter()
-        syncs_before = counter.syncs if counter else 0
-        steps_before = progress.step
-        try:
-            loss_sum, seen = _train_epoch(
+    try:
+        for epoch in range(progress.epoch, cfg.epochs):
+            if cfg.max_steps and progress.step >= cfg.max_steps:
+                break
+            train_sampler.set_epoch(epoch)  # a new, reproducible shuffle every epoch
+            started = time.perf_counter()
+            syncs_before = counter.syncs if counter else 0
+            steps_before = progress.step
+            try:
+                loss_sum, seen = _train_epoch(
+                    cfg,
+                    model,
+                    train_loader,
+                    optimizer,
+                    scheduler,
+                    scaler,
+                    device,
+                    progress,
+                    epoch,
+                    is_main,
+                    logs,
+                )
+            except torch.OutOfMemoryError as exc:
+                raise RuntimeError(
+                    f"out of memory on rank {rank} ({device}) with --batch-size {cfg.batch_size} "
+                    f"per worker: lower --batch-size and raise --accum-steps to keep the global "
+                    f"batch of {cfg.batch_size * world_size * cfg.accum_steps}"
+                ) from exc
+            epoch_s = time.perf_counter() - started
+            totals = torch.tensor([loss_sum, seen], dtype=torch.float64, device=device)
+            if _distributed():
+                dist.all_reduce(totals)
+            train_loss = totals[0].item() / max(1.0, totals[1].item())
+            if not math.isfinite(train_loss):
+                raise FloatingPointError(
+                    f"non-finite training loss in epoch {epoch + 1} (step {progress.step}); "
+                    "lower --lr, or use --amp bf16 / off"
+                )
+            result = evaluate(unwrap(model), val_loader, device, cfg.amp)
+            global_samples = int(totals[1].item())
+            train_seconds += epoch_s
+            samples_seen += global_samples
+            progress.epoch = epoch + 1
+            progress.best_val_acc = max(progress.best_val_acc, result.accuracy)
+            metrics: dict[str, Any] = {
+                "epoch": progress.epoch,
+                "step": progress.step,
+                "train_loss": train_loss,
+                "val_loss": result.loss,
+                "val_acc": result.accuracy,
+                "val_correct": result.correct,
+                "val_count": result.count,
+                "lr": optimizer.param_groups[0]["lr"],
+                "samples_per_s": global_samples / epoch_s,
+                "epoch_s": epoch_s,
+            }
+            if counter is not None:
+                steps = progress.step - steps_before
+                metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / max(1, steps)
+            peak_mb, memory_kind = _peak_memory(device)
+            stats = {
+                "rank": rank,
+                "samples_per_s": seen / epoch_s,
+                "peak_memory_mb": peak_mb,
+                "memory_kind": memory_kind,
+            }
+            # One collective for both: every rank's RNG (for the checkpoint) and figures.
+            gathered = _all_gather({"rng": capture_rng(), "stats": stats})
+            rng = [g["rng"] for g in gathered]
+            per_rank = [g["stats"] for g in gathered]
+            metrics.update(reporting.balance(per_rank))
+            _report(
                 cfg,
+                metrics,
+                is_main,
                 model,
-                train_loader,
                 optimizer,
                 scheduler,
                 scaler,
-                device,
                 progress,
-                epoch,
-                is_main,
+                model_meta,
+                rng,
             )
-        except torch.OutOfMemoryError as exc:
-            raise RuntimeError(
-                f"out of memory on rank {rank} ({device}) with --batch-size {cfg.batch_size} "
-                f"per worker: lower --batch-size and raise --accum-steps to keep the global "
-                f"batch of {cfg.batch_size * world_size * cfg.accum_steps}"
-            ) from exc
-        epoch_s = time.perf_counter() - started
-        totals = torch.tensor([loss_sum, seen], dtype=torch.float64, device=device)
-        if _distributed():
-            dist.all_reduce(totals)
-        train_loss = totals[0].item() / max(1.0, totals[1].item())
-        if not math.isfinite(train_loss):
-            raise FloatingPointError(
-                f"non-finite training loss in epoch {epoch + 1} (step {progress.step}); "
-                "lower --lr, or use --amp bf16 / off"
-            )
-        result = evaluate(unwrap(model), val_loader, device, cfg.amp)
-        global_samples = int(totals[1].item())
-        train_seconds += epoch_s
-        samples_seen += global_samples
-        progress.epoch = epoch + 1
-        progress.best_val_acc = max(progress.best_val_acc, result.accuracy)
-        metrics: dict[str, Any] = {
-            "epoch": progress.epoch,
-            "step": progress.step,
-            "train_loss": train_loss,
-            "val_loss": result.loss,
-            "val_acc": result.accuracy,
-            "val_correct": result.correct,
-            "val_count": result.count,
-            "lr": optimizer.param_groups[0]["lr"],
-            "samples_per_s": global_samples / epoch_s,
-            "epoch_s": epoch_s,
-        }
-        if counter is not None:
-            steps = progress.step - steps_before
-            metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / max(1, steps)
-        rng = _all_gather(capture_rng())
-        _report(
-            cfg, metrics, is_main, model, optimizer, scheduler, scaler, progress, model_meta, rng
-        )
-        log(reporting.epoch_line(metrics, cfg.epochs))
-        history.append(metrics)
+            log(reporting.epoch_line(metrics, cfg.epochs))
+            log(reporting.worker_table(per_rank))
+            if logs is not None:
+                logs.epoch(metrics, per_rank)
+            history.append(metrics)
+    finally:
+        if logs is not None:
+            logs.close()  # flushes TensorBoard, renders curves.png from metrics.csv
 
     return {
         "history": history,
@@ -256,6 +299,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "world_size": world_size,
         "device": device.type,
         "ranks": rows,
+        "per_rank": per_rank,
     }
 
 
@@ -270,6 +314,7 @@ def _train_epoch(
     progress: TrainProgress,
     epoch: int,
     is_main: bool,
+    logs: RunLogs | None,
 ) -> tuple[float, int]:
     """One pass over this rank's shard. Returns (sum of per-sample losses, samples)."""
     model.train()
@@ -309,6 +354,8 @@ def _train_epoch(
             optimizer.zero_grad(set_to_none=True)
             scheduler.step()
             progress.step += 1
+            if logs is not None and progress.step % cfg.log_every_steps == 0:
+                logs.step(progress.step, loss.item(), optimizer.param_groups[0]["lr"])
         if report_progress and time.perf_counter() - last_report >= cfg.progress_interval_s:
             last_report = time.perf_counter()
             elapsed = last_report - started

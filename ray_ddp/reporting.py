@@ -58,6 +58,32 @@ def progress_line(
     )
 
 
+def balance(per_rank: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """max/min across ranks of speed and peak memory: 1.00 is perfectly balanced."""
+    speeds = [r["samples_per_s"] for r in per_rank]
+    memory = [r["peak_memory_mb"] for r in per_rank]
+    return {
+        "speed_max_min": max(speeds) / max(min(speeds), 1e-9),
+        "memory_max_min": max(memory) / max(min(memory), 1e-9),
+        "peak_memory_mb": max(memory),
+    }
+
+
+def worker_table(per_rank: Sequence[dict[str, Any]]) -> str:
+    """Per-worker speed and peak memory (CUDA peak allocated on GPU, resident set on CPU)."""
+    lines = [f"  {'rank':>4}  {'samples/s':>9}  {'peak memory':>12}"]
+    for r in sorted(per_rank, key=lambda r: r["rank"]):
+        lines.append(
+            f"  {r['rank']:>4}  {r['samples_per_s']:>9.0f}  {r['peak_memory_mb']:>9.0f} MB "
+            f"({r['memory_kind']})"
+        )
+    b = balance(per_rank)
+    lines.append(
+        f"  balance max/min: samples/s {b['speed_max_min']:.2f}, memory {b['memory_max_min']:.2f}"
+    )
+    return "\n".join(lines)
+
+
 def summary_text(summary: dict[str, Any]) -> str:
     final, best = summary["final"], summary["best"]
     lines = [

@@ -60,3 +60,13 @@ def check_shared_storage(path: str) -> None:
             f"nodes ({', '.join(sorted(set(blind))[:3])}) cannot see it; use s3://, gs:// or "
             "a path mounted on every node"
         )
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write a file at a local path or a pyarrow URI (s3://, gs://), parents included."""
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path if is_uri(path) else os.path.abspath(path))
+    fs.create_dir(os.path.dirname(inner), recursive=True)
+    with fs.open_output_stream(inner) as out:
+        out.write(data)

@@ -203,6 +203,7 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
         "latest_checkpoint": result.checkpoint.path if result.checkpoint else None,
         "history": info.get("history", []),
         "ranks": info.get("ranks", []),
+        "per_rank": info.get("per_rank", []),
         "wall_s": wall_s,
         "samples_per_s": info.get("samples_seen", 0) / train_seconds if train_seconds else 0.0,
     }

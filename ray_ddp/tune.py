@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.storage import check_shared_storage, storage_location
+from ray_ddp.storage import check_shared_storage, storage_location, write_bytes
 from ray_ddp.trainer import check_batch_fits, connect, preflight, resolve_scaling
 
 METRIC, MODE = "val_acc", "max"
@@ -268,16 +268,8 @@ def write_outputs(sweep_dir: str, trials: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(trials)
-    _write_bytes(os.path.join(sweep_dir, "results.csv"), text.getvalue().encode())
-    _write_bytes(os.path.join(sweep_dir, "sweep.png"), _plot(trials))
-
-
-def _write_bytes(path: str, data: bytes) -> None:
-    import pyarrow.fs
-
-    fs, inner = pyarrow.fs.FileSystem.from_uri(path if "://" in path else os.path.abspath(path))
-    with fs.open_output_stream(inner) as out:
-        out.write(data)
+    write_bytes(os.path.join(sweep_dir, "results.csv"), text.getvalue().encode())
+    write_bytes(os.path.join(sweep_dir, "sweep.png"), _plot(trials))
 
 
 def _plot(trials: list[dict[str, Any]]) -> bytes:

@@ -13,6 +13,7 @@ from ray_ddp.checkpoint import load_model, load_state
 from ray_ddp.config import TrainConfig
 from ray_ddp.datasets import build_datasets
 from ray_ddp.evaluation import evaluate
+from ray_ddp.run_logs import read_metrics
 from ray_ddp.trainer import run_training
 
 pytestmark = pytest.mark.ray
@@ -39,6 +40,42 @@ def test_loss_falls_and_accuracy_rises(first_run):
     assert summary["world_size"] == 2 and summary["global_batch_size"] == 128
     assert summary["best"]["val_acc"] == max(m["val_acc"] for m in history)
     assert os.path.isfile(os.path.join(summary["best"]["checkpoint"], "state.pt"))
+
+
+def _event_tags(directory: str) -> set[str]:
+    """Scalar tags in TensorBoard event files, read from the TFRecord framing directly."""
+    import glob
+    import struct
+
+    from tensorboardX.proto.event_pb2 import Event
+
+    tags = set()
+    for path in glob.glob(os.path.join(directory, "events.out.tfevents.*")):
+        with open(path, "rb") as f:
+            while header := f.read(12):  # uint64 length + uint32 length crc
+                (length,) = struct.unpack("<Q", header[:8])
+                event = Event.FromString(f.read(length))
+                f.read(4)  # data crc
+                tags |= {v.tag for v in event.summary.value}
+    return tags
+
+
+def test_run_logs_and_per_worker_balance(first_run):
+    _, summary = first_run
+    rows = read_metrics(os.path.join(summary["run_dir"], "metrics.csv"))
+    assert [r["epoch"] for r in rows] == [1, 2, 3]
+    assert [r["val_acc"] for r in rows] == [m["val_acc"] for m in summary["history"]]
+    with open(os.path.join(summary["run_dir"], "curves.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    tags = _event_tags(os.path.join(summary["run_dir"], "tensorboard"))
+    assert {"train/loss", "train/lr", "epoch/val_acc", "epoch/val_loss"} <= tags
+    assert {"ranks/samples_per_s/0", "ranks/samples_per_s/1"} <= tags
+    per_rank = summary["per_rank"]
+    assert sorted(r["rank"] for r in per_rank) == [0, 1]  # one row per rank
+    assert all(r["samples_per_s"] > 0 and r["peak_memory_mb"] > 50 for r in per_rank)
+    last = summary["history"][-1]
+    assert last["speed_max_min"] >= 1.0 and last["memory_max_min"] >= 1.0
+    assert last["peak_memory_mb"] == max(r["peak_memory_mb"] for r in per_rank)
 
 
 def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first_run):

@@ -1,0 +1,131 @@
+"""Rank 0's run logs: TensorBoard event files, ``metrics.csv`` and ``curves.png``.
+
+They live in the run directory next to the checkpoints. For a URI storage path (s3://...)
+they are written to a local staging folder and copied up after every epoch, so a run that
+dies loses at most the current epoch's lines. A resumed run appends to the same files.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import tempfile
+from typing import Any
+
+from ray_ddp.storage import is_uri, write_bytes
+
+METRICS_CSV = "metrics.csv"
+CURVES_PNG = "curves.png"
+TB_DIR = "tensorboard"
+CSV_FIELDS = (
+    "epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "samples_per_s", "epoch_s",
+    "speed_max_min", "memory_max_min", "peak_memory_mb",
+)  # fmt: skip
+
+
+class RunLogs:
+    """Open on rank 0 only; every method is cheap enough for the training loop."""
+
+    def __init__(self, run_dir: str, tensorboard: bool) -> None:
+        self.run_dir = run_dir
+        self.local_dir = tempfile.mkdtemp(prefix="ray_ddp_logs_") if is_uri(run_dir) else run_dir
+        os.makedirs(self.local_dir, exist_ok=True)
+        self.writer = None
+        if tensorboard:
+            from tensorboardX import SummaryWriter
+
+            self.writer = SummaryWriter(os.path.join(self.local_dir, TB_DIR))
+
+    def step(self, step: int, loss: float, lr: float) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar("train/loss", loss, step)
+            self.writer.add_scalar("train/lr", lr, step)
+
+    def epoch(self, metrics: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
+        path = os.path.join(self.local_dir, METRICS_CSV)
+        new = not os.path.exists(path)
+        with open(path, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            if new:
+                writer.writeheader()
+            writer.writerow(metrics)
+        if self.writer is not None:
+            epoch = metrics["epoch"]
+            for key in ("val_loss", "val_acc", "train_loss", "samples_per_s"):
+                self.writer.add_scalar(f"epoch/{key}", metrics[key], epoch)
+            for row in per_rank:
+                self.writer.add_scalar(
+                    f"ranks/samples_per_s/{row['rank']}", row["samples_per_s"], epoch
+                )
+                self.writer.add_scalar(
+                    f"ranks/peak_memory_mb/{row['rank']}", row["peak_memory_mb"], epoch
+                )
+            self.writer.flush()
+        self._upload()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        rows = read_metrics(os.path.join(self.local_dir, METRICS_CSV))
+        if rows:
+            with open(os.path.join(self.local_dir, CURVES_PNG), "wb") as f:
+                f.write(render_curves(rows))
+        self._upload()
+
+    def _upload(self) -> None:
+        if self.local_dir == self.run_dir:
+            return
+        for root, _, files in os.walk(self.local_dir):
+            for name in files:
+                local = os.path.join(root, name)
+                relative = os.path.relpath(local, self.local_dir)
+                with open(local, "rb") as f:
+                    write_bytes(f"{self.run_dir}/{relative}", f.read())
+
+
+def read_metrics(path: str) -> list[dict[str, float]]:
+    """metrics.csv rows, one per epoch: the last row wins where a restart from an earlier
+    checkpoint trained an epoch again."""
+    if not os.path.exists(path):
+        return []
+    by_epoch: dict[int, dict[str, float]] = {}
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            by_epoch[int(row["epoch"])] = {k: float(v) for k, v in row.items() if v != ""}
+    return [by_epoch[e] for e in sorted(by_epoch)]
+
+
+def render_curves(rows: list[dict[str, float]]) -> bytes:
+    """Loss (train and validation) and validation accuracy against epoch, as PNG bytes."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
+
+    epochs = [r["epoch"] for r in rows]
+    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    loss_ax.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train")
+    loss_ax.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="validation")
+    loss_ax.set_title("loss")
+    loss_ax.legend()
+    acc_ax.plot(epochs, [100 * r["val_acc"] for r in rows], marker="o", color="tab:green")
+    best = max(rows, key=lambda r: r["val_acc"])
+    acc_ax.annotate(
+        f"best {100 * best['val_acc']:.2f}%",
+        (best["epoch"], 100 * best["val_acc"]),
+        textcoords="offset points",
+        xytext=(0, -15),
+        ha="center",
+    )
+    acc_ax.set_title("validation accuracy (%)")
+    for ax in (loss_ax, acc_ax):
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    return buffer.getvalue()
