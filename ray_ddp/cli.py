@@ -226,6 +226,17 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
         help="TensorBoard: training loss and lr every N optimizer steps (default: %(default)s)",
     )
     g.add_argument(
+        "--log-all-ranks",
+        action="store_true",
+        help="every rank prints its lines, tagged [rank N] (default: rank 0 only)",
+    )
+    g.add_argument(
+        "--no-export",
+        dest="export",
+        action="store_false",
+        help="skip exporting the best checkpoint to <run>/export at the end",
+    )
+    g.add_argument(
         "--comm-stats",
         action="store_true",
         help="count gradient all-reduces per optimizer step (a DDP comm hook)",
@@ -353,4 +364,53 @@ def tune_main(argv: Sequence[str] | None = None) -> int:
     print(results_table(summary), flush=True)
     if args.summary_json:
         write_summary(summary, args.summary_json)
+    return EXIT_OK
+
+
+def evaluate_main(argv: Sequence[str] | None = None) -> int:
+    """``jobs/evaluate.py``: exact distributed evaluation of a checkpoint."""
+    parser = argparse.ArgumentParser(
+        prog="jobs/evaluate.py",
+        description="Evaluate a checkpoint (local directory or storage URI) with N Ray "
+        "workers: loss, accuracy and per-class accuracy, every sample counted once.",
+    )
+    parser.add_argument("checkpoint", help="a checkpoint directory or URI (…/checkpoint_*)")
+    parser.add_argument("--split", default="val", help="val (default) or train")
+    parser.add_argument("--num-workers", type=int, default=None)
+    parser.add_argument("--cpus-per-worker", type=float, default=None)
+    gpu = parser.add_mutually_exclusive_group()
+    gpu.add_argument("--use-gpu", dest="use_gpu", action="store_const", const=True)
+    gpu.add_argument("--no-gpu", dest="use_gpu", action="store_const", const=False)
+    parser.add_argument("--address", default=None)
+    parser.add_argument("--data-dir", default=None, help="default: the one it was trained on")
+    parser.add_argument("--batch-size", type=int, default=None, help="per worker")
+    parser.add_argument("--storage-path", default=None, help="where Ray keeps this run")
+    parser.add_argument("--predictions", default=None, help="write predictions to this Parquet")
+    parser.add_argument("--summary-json", default=None, help="write the results as JSON")
+    args = parser.parse_args(argv)
+    overrides = {
+        key: getattr(args, key)
+        for key in (
+            "num_workers",
+            "cpus_per_worker",
+            "use_gpu",
+            "address",
+            "data_dir",
+            "batch_size",
+            "storage_path",
+        )  # fmt: skip
+    }
+    overrides["summary_json"] = None
+
+    from ray_ddp.checkpoint_eval import results_text, run_evaluation
+    from ray_ddp.trainer import write_summary
+
+    try:
+        results = run_evaluation(args.checkpoint, args.split, overrides, args.predictions)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(results_text(results), flush=True)
+    if args.summary_json:
+        write_summary(results, args.summary_json)
     return EXIT_OK

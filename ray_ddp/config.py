@@ -133,6 +133,11 @@ class TrainConfig:
     """Rank 0 writes TensorBoard event files (``<run>/tensorboard``) besides metrics.csv."""
     log_every_steps: int = 50
     """Log the training loss and lr to TensorBoard every this many optimizer steps."""
+    log_all_ranks: bool = False
+    """Every rank prints its lines (tagged ``[rank N]``), not only rank 0."""
+    export: bool = True
+    """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
+    plain state_dict and a torch.export program."""
     comm_stats: bool = False
     """Count gradient all-reduces with a DDP communication hook and report them per
     optimizer step (a check that accumulation really skips the all-reduce)."""

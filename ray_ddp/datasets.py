@@ -112,8 +112,9 @@ def _image_shape(cfg: TrainConfig, channels: int, native_size: int) -> tuple[int
 
 
 # ---------------------------------------------------------------- worker side
-def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
-    """The train and validation datasets, as tensors-producing torch Datasets."""
+def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset, DatasetInfo]:
+    """The train and validation datasets, as tensors-producing torch Datasets.
+    ``augment=False`` gives the train split the evaluation transform (for evaluating on it)."""
     info = describe_dataset(cfg)
     if cfg.dataset == "synthetic":
         train, val = synthetic_data.make_synthetic(cfg.seed, cfg.train_samples, cfg.val_samples)
@@ -129,13 +130,13 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
 
         root = cfg.data_dir or ""
         train = torchvision.datasets.ImageFolder(
-            os.path.join(root, "train"), transform=_transform(cfg, _GENERIC_STATS, train=True)
+            os.path.join(root, "train"), transform=_transform(cfg, _GENERIC_STATS, train=augment)
         )
         val = torchvision.datasets.ImageFolder(
             os.path.join(root, "val"), transform=_transform(cfg, _GENERIC_STATS, train=False)
         )
     else:
-        train, val = _torchvision_splits(cfg)
+        train, val = _torchvision_splits(cfg, augment)
     return (
         _subset(train, cfg.train_samples, cfg.seed),
         _subset(val, cfg.val_samples, cfg.seed),
@@ -143,7 +144,7 @@ def build_datasets(cfg: TrainConfig) -> tuple[Dataset, Dataset, DatasetInfo]:
     )
 
 
-def _torchvision_splits(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Dataset]:
     import torchvision
 
     if cfg.dataset == "cifar10":
@@ -159,7 +160,7 @@ def _torchvision_splits(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
                 cfg.data_dir,
                 train=train,
                 download=cfg.download,
-                transform=_transform(cfg, stats, train=train),
+                transform=_transform(cfg, stats, train=train and augment),
             )
         )
     return splits[0], splits[1]

@@ -84,7 +84,7 @@ def _restore_source(cfg: TrainConfig) -> tuple[dict[str, Any] | None, str | None
     return None, None
 
 
-def _quiet_report_lines() -> None:
+def quiet_report_lines() -> None:
     """Ray 2.60 logs every ``report`` call at INFO from a logger named after its file
     path (outside ``ray.train``, so LoggingConfig's level does not reach it): two lines
     per epoch that would bury ours. Raise that one logger to WARNING."""
@@ -95,17 +95,19 @@ def _quiet_report_lines() -> None:
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     cfg = TrainConfig.from_dict(config)
-    _quiet_report_lines()
+    quiet_report_lines()
     context = ray.train.get_context()
     rank, world_size = context.get_world_rank(), context.get_world_size()
     is_main = rank == 0  # the world rank, never the local rank: one logger per run
 
     prefix = cfg.extra.get("log_prefix", "")  # a Tune trial's id: trials interleave
+    if cfg.log_all_ranks:
+        prefix += f"[rank {rank}] "
 
     def log(message: str) -> None:
         # Straight to stdout: Ray Train patches print() into its logger, which echoes
         # every line twice on the driver.
-        if is_main:
+        if is_main or cfg.log_all_ranks:
             sys.stdout.write(prefix + message.replace("\n", "\n" + prefix) + "\n")
             sys.stdout.flush()
 

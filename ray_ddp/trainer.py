@@ -128,10 +128,32 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     started = time.perf_counter()
     result = trainer.fit()
     wall_s = time.perf_counter() - started
-    return build_summary(cfg, result, wall_s)
+    summary = build_summary(cfg, result, wall_s)
+    if cfg.export and summary["best"]:
+        summary["export"] = _export(summary["best"]["checkpoint"], summary["run_dir"])
+    return summary
 
 
-def build_trainer(cfg: TrainConfig, callbacks: list | None = None):
+def _export(checkpoint: str, run_dir: str) -> dict[str, str]:
+    """The best checkpoint for inference without Ray. A model torch.export cannot trace
+    does not fail the finished run: it is said, and the checkpoint is still there."""
+    from ray_ddp.export import export_best
+
+    try:
+        paths = export_best(checkpoint, run_dir)
+    except Exception as exc:  # noqa: BLE001 - reported, training already succeeded
+        print(f"export skipped: {type(exc).__name__}: {exc}", flush=True)
+        return {}
+    print(f"exported the best checkpoint -> {os.path.dirname(paths['program'])}", flush=True)
+    return paths
+
+
+def build_trainer(
+    cfg: TrainConfig,
+    callbacks: list | None = None,
+    loop: Any = None,
+    loop_config: dict[str, Any] | None = None,
+):
     """The TorchTrainer for a resolved config (named, absolute storage, workers known).
     Shared by single runs and Tune trials, so both run exactly the same loop."""
     from ray.train import (
@@ -146,8 +168,8 @@ def build_trainer(cfg: TrainConfig, callbacks: list | None = None):
     from ray_ddp.loop import train_loop_per_worker
 
     return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=cfg.to_dict(),
+        loop or train_loop_per_worker,  # the evaluation job passes its own
+        train_loop_config=loop_config if loop_config is not None else cfg.to_dict(),
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
         torch_config=TorchConfig(backend=None),
         scaling_config=ScalingConfig(

@@ -93,6 +93,58 @@ def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first
     assert final["val_loss"] == pytest.approx(single.loss, rel=1e-5)
 
 
+def test_evaluate_job_matches_the_training_validation(first_run, storage):
+    """jobs/evaluate.py with 2 workers on the final checkpoint: the same figures as the
+    run's last validation, per-class counts that add up, one prediction per sample."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from ray_ddp.cli import evaluate_main
+
+    _, summary = first_run
+    predictions, results_json = os.path.join(storage, "p.parquet"), os.path.join(storage, "r.json")
+    code = evaluate_main(
+        [summary["latest_checkpoint"], "--num-workers", "2", "--storage-path", storage,
+         "--predictions", predictions, "--summary-json", results_json]
+    )  # fmt: skip
+    assert code == 0
+    with open(results_json) as f:
+        results = json.load(f)
+    final = summary["final"]
+    assert (results["correct"], results["count"]) == (final["val_correct"], final["val_count"])
+    assert results["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+    assert sum(c["count"] for c in results["per_class"]) == 301
+    assert sum(c["correct"] for c in results["per_class"]) == results["correct"]
+    table = pq.read_table(predictions).to_pydict()
+    assert table["index"] == list(range(301))  # every sample once, none padded in
+    hits = sum(p == y for p, y in zip(table["predicted"], table["label"], strict=True))
+    assert hits == results["correct"]
+
+
+def test_exported_model_loads_without_ray_and_predicts_the_same(first_run, tmp_path):
+    import subprocess
+    import sys
+
+    _, summary = first_run
+    export = summary["export"]
+    assert os.path.dirname(export["program"]) == os.path.join(summary["run_dir"], "export")
+    inputs = torch.randn(5, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    torch.save(inputs, tmp_path / "x.pt")
+    script = (
+        "import sys, torch\n"
+        f"x = torch.load({str(tmp_path / 'x.pt')!r})\n"
+        f"program = torch.export.load({export['program']!r}).module()\n"
+        f"torch.save(program(x), {str(tmp_path / 'y.pt')!r})\n"
+        f"state = torch.load({export['state_dict']!r}, weights_only=True)\n"
+        "assert not any(k.startswith('module.') for k in state)\n"
+        "assert 'ray' not in sys.modules and 'ray_ddp' not in sys.modules\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120, cwd=tmp_path)
+    expected = load_model(summary["best"]["checkpoint"])(inputs)
+    torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
+
+
 def test_rerunning_the_name_resumes_from_the_last_epoch(first_run):
     cfg, first = first_run
     summary = run_training(dataclasses.replace(cfg, epochs=4))
@@ -189,3 +241,22 @@ def test_imagefolder_files_train_across_workers(ray_session, storage, tmp_path):
     )
     assert summary["final"]["val_count"] == 15
     assert load_model(summary["latest_checkpoint"]).head.out_features == 3
+
+
+def test_log_all_ranks_tags_every_rank(ray_session, storage):
+    """Rank 0 only by default; --log-all-ranks shows every rank's lines, tagged."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    address = ray_session.get_runtime_context().gcs_address
+    common = [sys.executable, os.path.join(root, "jobs", "train.py"), "--address", address,
+              "--epochs", "1", "--train-samples", "512", "--val-samples", "64",
+              "--storage-path", storage, "--no-export"]  # fmt: skip
+    quiet = subprocess.run(common + ["--name", "quiet"], capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    loud = subprocess.run(common + ["--name", "loud", "--log-all-ranks"], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-2000:]
+    assert quiet.stdout.count("epoch   1/1") == 1 and "[rank" not in quiet.stdout
+    assert "[rank 0] epoch   1/1" in loud.stdout and "[rank 1] epoch   1/1" in loud.stdout
