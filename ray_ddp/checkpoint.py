@@ -119,7 +119,8 @@ def load_state(directory: str) -> dict[str, Any]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, corrupt, or not a torch file at all
-        raise CheckpointError(f"cannot read {path}: {exc}") from exc
+        first_sentence = str(exc).split(". ")[0]  # torch appends a paragraph of advice
+        raise CheckpointError(f"cannot read {path}: {first_sentence}") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a ray_ddp checkpoint of format {FORMAT_VERSION}")
     return state

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 
 from ray_ddp import reporting
 from ray_ddp.checkpoint import (
+    CheckpointError,
     TrainProgress,
     capture_rng,
     check_compatible,
@@ -47,6 +48,7 @@ from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import autocast, grad_scaler
 from ray_ddp.run_logs import RunLogs
+from ray_ddp.storage import list_checkpoints
 
 
 def _distributed() -> bool:
@@ -72,16 +74,39 @@ def _peak_memory(device: torch.device) -> tuple[float, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "peak RSS"
 
 
-def _restore_source(cfg: TrainConfig) -> tuple[dict[str, Any] | None, str | None]:
+def _load_checkpoint(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    with checkpoint.as_directory() as directory:
+        return load_state(directory)
+
+
+def _restore_source(cfg: TrainConfig, log) -> tuple[dict[str, Any] | None, str | None]:
     """The state to start from: this run's own latest checkpoint (a re-run of the same
-    name, or Ray restarting workers after a failure) before ``--resume-from``."""
+    name, or Ray restarting workers after a failure) before ``--resume-from``.
+
+    A latest checkpoint that cannot be read (truncated, corrupt) is skipped with a warning
+    for the newest older one that can; training never silently starts over."""
     checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            return load_state(directory), checkpoint.path
-    if cfg.resume_from:
-        return load_state(cfg.resume_from), cfg.resume_from
-    return None, None
+    if checkpoint is None:
+        return (load_state(cfg.resume_from), cfg.resume_from) if cfg.resume_from else (None, None)
+    try:
+        return _load_checkpoint(checkpoint), checkpoint.path
+    except CheckpointError as exc:
+        log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
+    latest = checkpoint.path.rstrip("/")
+    run_dir = latest.rsplit("/", 1)[0]
+    fs = checkpoint.filesystem  # local or s3/gs alike
+    older = [p for p in list_checkpoints(fs, run_dir) if p < latest]
+    for path in reversed(older):
+        try:
+            state = _load_checkpoint(ray.train.Checkpoint(path, filesystem=fs))
+        except CheckpointError as exc:
+            log(f"warning: {path} is unusable too ({exc})")
+            continue
+        log(f"warning: resuming from the older checkpoint {path}")
+        return state, path
+    raise CheckpointError(
+        f"no usable checkpoint in {run_dir}; move the run aside or use a new --name"
+    )
 
 
 def quiet_report_lines() -> None:
@@ -136,7 +161,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "num_classes": info.num_classes,
         "input_shape": list(info.input_shape),
     }
-    state, source = _restore_source(cfg)
+    state, source = _restore_source(cfg, log)
     if state is not None:
         check_compatible(state, model_meta, source or "checkpoint")
         model.load_state_dict(state["model"])

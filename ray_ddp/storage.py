@@ -70,3 +70,20 @@ def write_bytes(path: str, data: bytes) -> None:
     fs.create_dir(os.path.dirname(inner), recursive=True)
     with fs.open_output_stream(inner) as out:
         out.write(data)
+
+
+def list_checkpoints(fs, run_dir: str) -> list[str]:
+    """The ``checkpoint_*`` directories in ``run_dir`` on pyarrow filesystem ``fs``, oldest
+    first (Ray names them by time)."""
+    import pyarrow.fs
+
+    try:
+        infos = fs.get_file_info(pyarrow.fs.FileSelector(run_dir))
+    except FileNotFoundError:
+        return []
+    names = sorted(
+        i.base_name
+        for i in infos
+        if i.type == pyarrow.fs.FileType.Directory and i.base_name.startswith("checkpoint_")
+    )
+    return [f"{run_dir}/{name}" for name in names]

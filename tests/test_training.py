@@ -260,3 +260,24 @@ def test_log_all_ranks_tags_every_rank(ray_session, storage):
     assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-2000:]
     assert quiet.stdout.count("epoch   1/1") == 1 and "[rank" not in quiet.stdout
     assert "[rank 0] epoch   1/1" in loud.stdout and "[rank 1] epoch   1/1" in loud.stdout
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(ray_session, storage):
+    from ray_ddp.storage import list_checkpoints
+
+    cfg = TrainConfig(num_workers=2, epochs=2, train_samples=1024, val_samples=101,
+                      storage_path=storage, name="corrupt", export=False)  # fmt: skip
+    first = run_training(cfg)
+    latest = first["latest_checkpoint"]
+    state_file = os.path.join(latest, "state.pt")
+    with open(state_file, "r+b") as f:  # truncated, as a crash mid-copy would leave it
+        f.truncate(os.path.getsize(state_file) // 2)
+    import pyarrow.fs
+
+    older = [p for p in list_checkpoints(pyarrow.fs.LocalFileSystem(), first["run_dir"])
+             if p != latest]  # fmt: skip
+    assert older, "the epoch-1 checkpoint is kept (keep_checkpoints=2)"
+    summary = run_training(dataclasses.replace(cfg, epochs=3))
+    # Resumed from the epoch-1 checkpoint: epochs 2 and 3 trained, not 1 again, not 3 alone.
+    assert [m["epoch"] for m in summary["history"]] == [2, 3]
+    assert load_state(summary["latest_checkpoint"])["progress"]["epoch"] == 3
