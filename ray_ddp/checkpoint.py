@@ -126,6 +126,11 @@ def load_state(directory: str) -> dict[str, Any]:
     return state
 
 
+def model_meta(model: str, num_classes: int, input_shape: tuple[int, ...]) -> dict[str, Any]:
+    """What a checkpoint records about its model, and what a resume is checked against."""
+    return {"model": model, "num_classes": num_classes, "input_shape": list(input_shape)}
+
+
 def check_compatible(state: dict[str, Any], model_meta: dict[str, Any], source: str) -> None:
     """Refuse a checkpoint whose model or class count differs from this run's."""
     saved = state.get("model_meta", {})

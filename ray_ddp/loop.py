@@ -35,6 +35,7 @@ from ray_ddp.checkpoint import (
     capture_rng,
     check_compatible,
     load_state,
+    model_meta,
     restore_rng,
     save_state,
     unwrap,
@@ -156,14 +157,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     # rank 0's on wrapping; this makes it true before, too).
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, info.input_shape, info.num_classes)
-    model_meta = {
-        "model": cfg.model,
-        "num_classes": info.num_classes,
-        "input_shape": list(info.input_shape),
-    }
+    meta = model_meta(cfg.model, info.num_classes, info.input_shape)
     state, source = _restore_source(cfg, log)
     if state is not None:
-        check_compatible(state, model_meta, source or "checkpoint")
+        check_compatible(state, meta, source or "checkpoint")
         model.load_state_dict(state["model"])
 
     model = ray.train.torch.prepare_model(model)  # DDP on >1 worker; moved to `device`
@@ -305,7 +302,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 scheduler,
                 scaler,
                 progress,
-                model_meta,
+                meta,
                 rng,
             )
             log(reporting.epoch_line(metrics, cfg.epochs))
@@ -414,7 +411,7 @@ def _report(
     scheduler: torch.optim.lr_scheduler.LRScheduler,
     scaler: torch.amp.GradScaler,
     progress: TrainProgress,
-    model_meta: dict[str, Any],
+    meta: dict[str, Any],
     rng: list[dict[str, Any]],
 ) -> None:
     """Every rank reports (it is a barrier); only rank 0 attaches the checkpoint."""
@@ -431,7 +428,7 @@ def _report(
             scaler=scaler,
             progress=progress,
             config=cfg.to_dict(),
-            model_meta=model_meta,
+            model_meta=meta,
             rng_per_rank=rng,
         )
         # SYNC upload (the default): the checkpoint is in storage when report returns.

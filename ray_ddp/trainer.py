@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from ray_ddp.checkpoint import CheckpointError, check_compatible, load_state
+from ray_ddp.checkpoint import CheckpointError, check_compatible, load_state, model_meta
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.datasets import DatasetInfo, describe_dataset
 from ray_ddp.models import check_model_name
@@ -37,11 +37,7 @@ def preflight(cfg: TrainConfig) -> DatasetInfo:
             state = load_state(cfg.resume_from)
             check_compatible(
                 state,
-                {
-                    "model": cfg.model,
-                    "num_classes": info.num_classes,
-                    "input_shape": list(info.input_shape),
-                },
+                model_meta(cfg.model, info.num_classes, info.input_shape),
                 f"--resume-from {cfg.resume_from}",
             )
         except CheckpointError as exc:
