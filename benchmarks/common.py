@@ -1,0 +1,130 @@
+"""What every benchmark script shares: the flags, the data and model (the very ones
+``jobs/train.py`` uses), the optimizer recipe, the step timer and the result file.
+
+Imports torch and the Ray-free parts of ray_ddp only (``models``, ``synthetic_data``,
+``optim``, ``comm_stats``), so the torchrun, Lightning and single-process baselines
+never start or import Ray.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+# Run from a checkout without installing, like jobs/train.py does.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+# ray_ddp's defaults (TrainConfig): AdamW, lr 3e-3, weight decay 0.01, clip at 1.0,
+# 5% linear warm-up then cosine to 1% of the peak.
+LR = 3e-3
+WEIGHT_DECAY = 0.01
+GRAD_CLIP = 1.0
+MIN_LR_RATIO = 0.01
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags that pin down the work; run.py passes the same values to every case."""
+    parser.add_argument("--model", default="small_cnn")
+    parser.add_argument("--batch-size", type=int, default=64, help="per worker (micro-batch)")
+    parser.add_argument("--accum-steps", type=int, default=1)
+    parser.add_argument("--max-steps", type=int, default=60, help="optimizer steps")
+    parser.add_argument(
+        "--timing-warmup", type=int, default=10, help="optimizer steps left out of the timing"
+    )
+    parser.add_argument("--train-samples", type=int, default=12_000)
+    parser.add_argument("--val-samples", type=int, default=512)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--result", default=None, help="write this process's figures here")
+
+
+def one_thread() -> None:
+    """One torch thread per worker, as Ray gives a worker with --cpus-per-worker 1."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+
+
+def datasets(args: argparse.Namespace):
+    """The built-in dataset of ``jobs/train.py --dataset synthetic``: same seed, same tensors."""
+    from ray_ddp.synthetic_data import make_synthetic
+
+    return make_synthetic(args.seed, args.train_samples, args.val_samples)
+
+
+def model(args: argparse.Namespace, train_ds) -> torch.nn.Module:
+    """The model of ``jobs/train.py --model ...``, with the same initial weights."""
+    from ray_ddp.models import build_model
+    from ray_ddp.synthetic_data import NUM_CLASSES
+
+    torch.manual_seed(args.seed)
+    return build_model(args.model, tuple(train_ds[0][0].shape), NUM_CLASSES)
+
+
+def optimizer_and_schedule(params, total_steps: int):
+    """AdamW and the warm-up + cosine schedule, as ray_ddp builds them by default."""
+    from ray_ddp.optim import default_warmup, lr_factor
+
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
+    warmup = default_warmup(total_steps)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda step: lr_factor(step, warmup, total_steps, MIN_LR_RATIO)
+    )
+    return opt, sched
+
+
+class StepTimer:
+    """Timestamps at the end of every optimizer step.
+
+    A step's time is from the end of the previous optimizer step to the end of this one
+    (data loading, forward, backward, all-reduce, optimizer). The first ``warmup`` steps are
+    left out: steady-state figures cover steps warmup+1 .. last.
+    """
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = max(1, warmup)
+        self.ends: list[float] = []
+        self.first_step_unix: float | None = None
+
+    def step_done(self) -> None:
+        now = time.perf_counter()
+        if not self.ends:
+            self.first_step_unix = time.time()
+        self.ends.append(now)
+
+    def figures(self, samples_per_step_per_worker: int) -> dict[str, Any]:
+        timed = self.ends[self.warmup - 1 :]
+        if len(timed) < 2:
+            raise SystemExit(
+                f"only {len(self.ends)} optimizer steps for a timing warm-up of "
+                f"{self.warmup}: raise --max-steps"
+            )
+        durations = [b - a for a, b in zip(timed, timed[1:], strict=False)]
+        return {
+            "warmup_steps": self.warmup,
+            "steps_timed": len(durations),
+            "first_step_unix": self.first_step_unix,
+            "step_time_median_s": statistics.median(durations),
+            "steady_samples_per_s_per_worker": samples_per_step_per_worker
+            * len(durations)
+            / (timed[-1] - timed[0]),
+        }
+
+
+def write_result(path: str | None, figures: dict[str, Any]) -> None:
+    """One JSON object per run (rank 0 only), also printed as one line."""
+    figures = {**figures, "end_unix": time.time()}
+    line = json.dumps(figures)
+    print("BENCH_RESULT " + line, flush=True)
+    if path:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(line + "\n")
+        os.replace(tmp, path)

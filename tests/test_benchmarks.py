@@ -1,0 +1,70 @@
+"""The benchmark really runs: its smallest case (torchrun DDP and ray_ddp, a few steps)
+end to end, and the GPU check skips cleanly without a GPU and works in its CPU dry run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.join(ROOT, "benchmarks")
+
+
+@pytest.fixture
+def no_ray_in_this_process():
+    """jobs/train.py starts its own local Ray (as a user's run does): the shared test
+    instance must not be running beside it (two Ray instances on one machine)."""
+    import ray
+
+    ray.shutdown()
+    yield
+
+
+@pytest.mark.ray
+def test_quick_benchmark_smallest_case(tmp_path, no_ray_in_this_process):
+    out = tmp_path / "results"
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--only", "torchrun,ray_ddp",
+         "--steps", "20", "--val-samples", "64", "--out", str(out), "--timeout", "240"],
+        cwd=ROOT, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    table = (out / "results.md").read_text()
+    assert "| torchrun DDP script" in table and "| ray_ddp: jobs/train.py |" in table
+    assert (out / "benchmark.png").stat().st_size > 0
+    raw = json.loads((out / "raw.json").read_text())
+    assert {r["case"] for r in raw["records"]} == {"torchrun", "ray_ddp"}
+    for record in raw["records"]:
+        for key in ("samples_per_s", "step_time_median_s", "time_to_first_step_s", "wall_s"):
+            assert record[key] > 0, (record["case"], key, record[key])
+        assert record["allreduces_per_step"] == pytest.approx(1.0), record
+        assert record["time_to_first_step_s"] < record["wall_s"]
+
+
+def test_gpu_check_skips_without_a_gpu_and_runs_dry_on_cpu(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: benchmarks/gpu.sh would measure for real")
+    skip = subprocess.run(
+        ["bash", os.path.join(BENCH, "gpu.sh"), "--out", str(tmp_path / "none.md")],
+        env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert skip.returncode == 0, skip.stderr
+    assert len(skip.stdout.strip().splitlines()) == 1 and "skipping" in skip.stdout
+    assert not (tmp_path / "none.md").exists()
+
+    out = tmp_path / "gpu.md"
+    dry = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "gpu.py"), "--dry-run", "--precisions", "bf16",
+         "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    table = out.read_text()
+    assert "| bf16 | off | off |" in table and "| bf16 | on | off |" in table
+    assert "error" not in table.lower() and "skipped" not in table
