@@ -14,6 +14,7 @@ exits 0. Imports torch and torchvision only: no Ray, no ray_ddp.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import os
 import platform
@@ -39,6 +40,7 @@ PEAKS: list[tuple[str, tuple[float, float, float]]] = [
     ("A100", (312e12, 156e12, 19.5e12)),
     ("A800", (312e12, 156e12, 19.5e12)),
     ("L40S", (362e12, 183e12, 91.6e12)),
+    ("L40", (181e12, 90.5e12, 90.5e12)),
     ("L4", (121e12, 60e12, 30e12)),
     ("A10G", (70e12, 35e12, 31.2e12)),
     ("A10", (125e12, 62.5e12, 31.2e12)),
@@ -53,6 +55,14 @@ def peak_flops(device_name: str, precision: str, tf32: bool) -> float | None:
                 return half
             return (tf32_peak or fp32) if tf32 else fp32
     return None
+
+
+def bf16_supported(torch) -> bool:
+    """Native bf16 (Ampere or newer), not the emulation older GPUs report."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # older torch without the argument
+        return torch.cuda.is_bf16_supported()
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -97,7 +107,8 @@ def measure(args, torch, torchvision, device, precision: str, channels_last: boo
     model.train()
 
     def step() -> None:
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
+        amp = torch.autocast(device.type, dtype=dtype) if dtype else contextlib.nullcontext()
+        with amp:
             loss = torch.nn.functional.cross_entropy(step_model(x), y)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
@@ -181,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         if time.perf_counter() - started > args.budget_s:
             result["error"] = f"skipped: past the {args.budget_s:.0f} s budget"
-        elif precision == "bf16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        elif precision == "bf16" and device.type == "cuda" and not bf16_supported(torch):
             result["error"] = "skipped: no bf16 on this GPU"
         else:
             try:

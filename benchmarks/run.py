@@ -23,6 +23,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -211,19 +212,22 @@ def run_once(case: Case, s: Settings, rep: int, work: str, log_dir: str) -> dict
     cmd = command(case, s, result, storage, tag)
     launch = time.time()
     with open(log_path, "w") as log:
+        # Its own process group: on a timeout, the launcher's children (ranks, Ray's
+        # processes) are ended with it.
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            env=environment(case, s),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                cmd,
-                cwd=ROOT,
-                env=environment(case, s),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                timeout=s.timeout_s,
-                check=False,
-            )
-            rc: int | str = proc.returncode
+            rc: int | str = proc.wait(timeout=s.timeout_s)
         except subprocess.TimeoutExpired:
-            rc = "timeout"
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            rc = f"killed after the {s.timeout_s:.0f} s timeout"
     end = time.time()
     if rc != 0 or not os.path.exists(result):
         with open(log_path) as f:
@@ -542,7 +546,11 @@ def main(argv: list[str] | None = None) -> int:
             shift = rep % len(cases)  # interleaved, and a different case first each repeat
             for case in cases[shift:] + cases[:shift]:
                 print(f"[{rep + 1}/{repeats}] {case.name:<24}", end=" ", flush=True)
-                r = run_once(case, s, rep, work, log_dir)
+                try:
+                    r = run_once(case, s, rep, work, log_dir)
+                except RuntimeError as exc:
+                    print(f"\nerror: {exc}", file=sys.stderr)
+                    return 1
                 records.append(r)
                 ttfs = r["time_to_first_step_s"]
                 print(
