@@ -27,6 +27,9 @@ class TrainProgress:
 
     epoch: int = 0
     """Epochs completed."""
+    batch: int = 0
+    """Micro-batches of the next epoch already trained: 0 at an epoch boundary, more in a
+    mid-epoch checkpoint (``--checkpoint-every``); a resumed run starts the epoch there."""
     step: int = 0
     """Optimizer steps taken."""
     best_val_acc: float = 0.0
@@ -90,8 +93,12 @@ def save_state(
     config: dict[str, Any],
     model_meta: dict[str, Any],
     rng_per_rank: list[dict[str, Any]],
+    epoch_partial: list[tuple[float, int]] | None = None,
 ) -> str:
-    """Write ``directory/state.pt`` completely or not at all (temp file, then rename)."""
+    """Write ``directory/state.pt`` completely or not at all (temp file, then rename).
+
+    ``epoch_partial`` is every rank's (loss sum, samples) of the epoch so far, for a
+    mid-epoch checkpoint, so the resumed epoch reports the same training loss."""
     os.makedirs(directory, exist_ok=True)
     state = {
         "format_version": FORMAT_VERSION,
@@ -103,6 +110,7 @@ def save_state(
         "config": config,
         "model_meta": model_meta,
         "rng": rng_per_rank,
+        "epoch_partial": [list(p) for p in epoch_partial or []],
     }
     path = os.path.join(directory, STATE_FILE)
     tmp = path + ".tmp"

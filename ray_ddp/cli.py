@@ -1,14 +1,19 @@
 """Command-line flags -> TrainConfig, and the exit codes of the entry scripts.
 
 Exit codes: 0 success, 1 training failed, 2 bad input (flags, data, checkpoint, resources),
-each with one line on stderr saying what to change.
+each with one line on stderr saying what to change; 130 stopped by Ctrl-C (resumable).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+
+# Ray reads this once, when it is first imported: every worker prints the same rank-table
+# header and restart lines, and deduplication would fold a restarted group's lines away.
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 from ray_ddp.config import (
     AMP_MODES,
@@ -20,6 +25,7 @@ from ray_ddp.config import (
 )
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
+EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
 
 
 def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False) -> None:
@@ -75,6 +81,14 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
         default=d.max_failures,
         help="restart all workers from the latest checkpoint after a lost worker or node, "
         "up to N times (-1: no limit; default: %(default)s)",
+    )
+    g.add_argument(
+        "--wait-for-resources",
+        type=float,
+        default=d.wait_for_resources,
+        metavar="SECONDS",
+        help="on an autoscaling cluster, wait this long for nodes to join when the cluster "
+        "is smaller than the request (default: refuse at once)",
     )
 
     g = parser.add_argument_group("optimisation")
@@ -206,12 +220,28 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
         help="run name; re-running an existing name resumes it (default: a new timestamped name)",
     )
     g.add_argument("--resume-from", default=None, help="start from this checkpoint directory")
+    if not sweep:
+        g.add_argument(
+            "--allow-config-change",
+            action="store_true",
+            help="let a re-run of an existing --name continue it with different training "
+            "flags (refused by default)",
+        )
     g.add_argument(
         "--keep-checkpoints",
         type=int,
         default=d.keep_checkpoints,
         help="best checkpoints kept by val_acc; the latest is kept too (default: %(default)s)",
     )
+    if not sweep:  # Tune's schedulers compare trials at epoch reports only
+        g.add_argument(
+            "--checkpoint-every",
+            type=int,
+            default=None,
+            metavar="STEPS",
+            help="also checkpoint every STEPS optimizer steps inside an epoch (data position "
+            "and RNG included: a lost worker or a re-run resumes exactly there)",
+        )
     g.add_argument("--summary-json", default=None, help="write the final summary as JSON here")
     g.add_argument(
         "--no-tensorboard",
@@ -262,13 +292,16 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         cfg.progress_interval_s = 5.0
 
     from ray_ddp import reporting
-    from ray_ddp.trainer import run_training, write_summary
+    from ray_ddp.trainer import Interrupted, run_training, write_summary
 
     try:
         summary = run_training(cfg)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Interrupted as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_INTERRUPTED
     except Exception as exc:  # noqa: BLE001 - Ray wraps worker errors; report and fail
         from ray.train import TrainingFailedError
 

@@ -42,6 +42,9 @@ class TrainConfig:
     placement_strategy: str = "PACK"
     """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
     ``SPREAD`` puts workers on as many nodes as it can."""
+    wait_for_resources: float = 0.0
+    """Seconds to wait for nodes to join when the cluster is smaller than the request (an
+    autoscaling cluster). 0: refuse at once, with what was asked and what exists."""
     max_failures: int = 0
     """After a worker or node is lost, restart all workers from the latest checkpoint, up
     to this many times (-1: without limit)."""
@@ -119,11 +122,18 @@ class TrainConfig:
     name: str | None = None
     """Run name. Re-running an existing name resumes it from its latest checkpoint. Auto:
     ``<dataset>-<model>-<timestamp>`` (always a fresh run)."""
+    allow_config_change: bool = False
+    """Let a re-run of an existing ``--name`` continue it with a different training config
+    (model, data, batch, optimizer, ...); refused otherwise (see ``run_record``)."""
     resume_from: str | None = None
     """Start from this checkpoint directory (weights, optimizer, schedule, progress)."""
     keep_checkpoints: int = 2
     """How many of the best checkpoints (by validation accuracy) to keep; the latest is
     always kept as well."""
+    checkpoint_every: int | None = None
+    """Also checkpoint every this many optimizer steps inside an epoch, with the data
+    position and every rank's RNG, so a lost worker or a re-run resumes mid-epoch exactly
+    where it stopped. Off by default: every epoch's end is checkpointed anyway."""
     summary_json: str | None = None
     """Write the final summary as JSON to this path."""
     progress_interval_s: float = 30.0
@@ -186,6 +196,7 @@ def validate(cfg: TrainConfig) -> None:
     positive("cpus_per_worker", "--cpus-per-worker")
     positive("keep_checkpoints", "--keep-checkpoints")
     positive("max_steps", "--max-steps")
+    positive("checkpoint_every", "--checkpoint-every")
     positive("log_every_steps", "--log-every-steps")
     positive("train_samples", "--train-samples")
     positive("val_samples", "--val-samples")
@@ -199,6 +210,10 @@ def validate(cfg: TrainConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and value < 0:
             raise ConfigError(f"{flag} must be zero or more, got {value}")
+    if cfg.wait_for_resources < 0:
+        raise ConfigError(
+            f"--wait-for-resources must be zero or more, got {cfg.wait_for_resources}"
+        )
     if not 0 <= cfg.momentum < 1:
         raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
     if not 0 <= cfg.min_lr_ratio <= 1:

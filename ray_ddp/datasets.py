@@ -205,11 +205,17 @@ def _transform(cfg: TrainConfig, stats: tuple, train: bool):
     if len(mean) == 1 and needs_rgb(cfg.model):
         steps.append(T.Grayscale(num_output_channels=3))
         mean, std = mean * 3, std * 3
-    if train and cfg.dataset in ("cifar10", "imagefolder"):
+    if train and has_random_transform(cfg):
         crop = size or 32
         steps += [T.RandomCrop(crop, padding=crop // 8), T.RandomHorizontalFlip()]
     steps += [T.ToTensor(), T.Normalize(mean, std)]
     return T.Compose(steps)
+
+
+def has_random_transform(cfg: TrainConfig) -> bool:
+    """Whether the training transform draws random numbers (crop and flip), i.e. whether
+    exact resume needs each sample's randomness pinned down."""
+    return cfg.dataset in ("cifar10", "imagefolder")
 
 
 def _to_rgb(image):

@@ -1,15 +1,73 @@
-"""DataLoaders for one worker: a seeded DistributedSampler for training, the exact
-ShardSampler for evaluation, both handed to ``ray.train.torch.prepare_data_loader`` for
-device placement (host-to-GPU copies on a side stream when on GPU)."""
+"""DataLoaders for one worker: a seeded, resumable DistributedSampler for training, the
+exact ShardSampler for evaluation, both handed to ``ray.train.torch.prepare_data_loader``
+for device placement (host-to-GPU copies on a side stream when on GPU).
+
+Exact resume, mid-epoch included, rests on three things here:
+- the sampler can start an epoch at a given micro-batch (the batches before it are not
+  even loaded);
+- random augmentation is seeded per sample from (seed, epoch, index), so it does not
+  depend on which loader worker process draws it, how many there are, or where the epoch
+  was resumed;
+- the loader has its own generator, so starting an iterator never draws from the global
+  RNG that the training step (dropout) uses.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
 
 import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ray_ddp.config import TrainConfig
+from ray_ddp.datasets import has_random_transform
 from ray_ddp.evaluation import ShardSampler
+
+
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler (seeded, padded to equal length per rank) that can start an
+    epoch at micro-batch ``start_batch``, and can tag each index with its epoch for
+    :class:`SeededSamples`."""
+
+    def __init__(self, dataset: Dataset, *, batch_size: int, tag_epoch: bool, **kwargs: Any):
+        super().__init__(dataset, **kwargs)
+        self.batch_size = batch_size
+        self.tag_epoch = tag_epoch
+        self.start_batch = 0
+
+    def set_position(self, epoch: int, start_batch: int) -> None:
+        """The coming pass is epoch ``epoch``, from micro-batch ``start_batch`` on."""
+        self.set_epoch(epoch)
+        self.start_batch = start_batch
+
+    def __iter__(self) -> Iterator[Any]:
+        indices = list(super().__iter__())[self.start_batch * self.batch_size :]
+        if self.tag_epoch:
+            return iter([(self.epoch, i) for i in indices])
+        return iter(indices)
+
+    def __len__(self) -> int:
+        return max(0, super().__len__() - self.start_batch * self.batch_size)
+
+
+class SeededSamples(Dataset):
+    """Fetches ``(epoch, index)`` with the global torch RNG seeded from (seed, epoch,
+    index) for the sample's transform, and restored afterwards."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset = dataset
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple[int, int]) -> Any:
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+            return self.dataset[index]
 
 
 def loader_workers(cfg: TrainConfig) -> int:
@@ -26,7 +84,7 @@ def make_loaders(
     rank: int,
     world_size: int,
     device: torch.device,
-) -> tuple[DataLoader, DistributedSampler, DataLoader]:
+) -> tuple[DataLoader, ResumableSampler, DataLoader]:
     workers = loader_workers(cfg)
     pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
     common = {
@@ -39,11 +97,23 @@ def make_loaders(
     # drop_last=False on the sampler pads ranks to equal length, so every rank runs the
     # same number of steps (a rank with fewer would hang the others in all-reduce);
     # drop_last=True on the loader keeps every micro-batch full-size.
-    train_sampler = DistributedSampler(
-        train_ds, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg.seed
+    augmented = has_random_transform(cfg)
+    train_sampler = ResumableSampler(
+        train_ds,
+        batch_size=cfg.batch_size,
+        tag_epoch=augmented,
+        num_replicas=world_size,
+        rank=rank,
+        shuffle=True,
+        seed=cfg.seed,
     )
     train_loader = DataLoader(
-        train_ds, batch_size=cfg.batch_size, sampler=train_sampler, drop_last=True, **common
+        SeededSamples(train_ds, cfg.seed) if augmented else train_ds,
+        batch_size=cfg.batch_size,
+        sampler=train_sampler,
+        drop_last=True,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
     )
     val_loader = DataLoader(
         val_ds,

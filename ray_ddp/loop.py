@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from typing import Any
 
 import ray.train
@@ -46,9 +47,11 @@ from ray_ddp.datasets import build_datasets
 from ray_ddp.evaluation import evaluate
 from ray_ddp.loaders import make_loaders
 from ray_ddp.models import build_model
-from ray_ddp.optim import build_optimizer, build_scheduler
+from ray_ddp.numerics import LossGuard
+from ray_ddp.optim import build_optimizer, build_scheduler, optimizer_step
 from ray_ddp.precision import autocast, grad_scaler
 from ray_ddp.run_logs import RunLogs
+from ray_ddp.step_timing import StepTimer
 from ray_ddp.storage import list_checkpoints
 
 
@@ -168,7 +171,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     if cfg.comm_stats and isinstance(model, torch.nn.parallel.DistributedDataParallel):
         counter = attach_counter(model)
 
-    steps_per_epoch = math.ceil(len(train_loader) / cfg.accum_steps)
+    batches_per_epoch = len(train_loader)  # micro-batches per worker (sampler at batch 0)
+    steps_per_epoch = math.ceil(batches_per_epoch / cfg.accum_steps)
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
@@ -176,19 +180,35 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     scheduler = build_scheduler(cfg, optimizer, total_steps)
     scaler = grad_scaler(cfg.amp, device)
     progress = TrainProgress()
+    partial = (0.0, 0)  # this rank's (loss sum, samples) of a mid-epoch checkpoint's epoch
 
     if state is not None:
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         scaler.load_state_dict(state["scaler"])
         progress = TrainProgress(**state["progress"])
-        if len(state["rng"]) == world_size:
+        same_world = len(state["rng"]) == world_size
+        if same_world:
             restore_rng(state["rng"][rank])
-        else:  # a different world size: data order is still exact, augmentation is not
+        else:  # a different world size: data order is still exact, dropout RNG is not
             torch.manual_seed(cfg.seed + 7919 * progress.epoch + rank)
-        log(f"resumed from {source}: {progress.epoch} epochs, {progress.step} steps done")
+        if progress.batch and not same_world:
+            # A mid-epoch position is a position in each rank's shard: with another world
+            # size the shards differ, so the interrupted epoch is started over.
+            log(
+                f"world size changed ({len(state['rng'])} -> {world_size}): epoch "
+                f"{progress.epoch + 1} restarts from its first batch"
+            )
+            progress.batch = 0
+        elif progress.batch:
+            partial = tuple(state["epoch_partial"][rank])  # type: ignore[assignment]
+        where = f", {progress.batch} micro-batches into epoch {progress.epoch + 1}"
+        log(
+            f"resumed from {source}: {progress.epoch} epochs, {progress.step} steps done"
+            + (where if progress.batch else "")
+        )
     else:
-        # Different ranks draw different augmentation/dropout randomness from here on.
+        # Different ranks draw different dropout randomness from here on.
         torch.manual_seed(cfg.seed + rank)
 
     rows = _all_gather(
@@ -206,7 +226,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     log(reporting.batch_line(cfg.batch_size, world_size, cfg.accum_steps))
     log(
         f"data: {cfg.dataset}, {len(train_ds)} train / {len(val_ds)} val samples, "
-        f"{info.num_classes} classes; {len(train_loader)} micro-batches and "
+        f"{info.num_classes} classes; {batches_per_epoch} micro-batches and "
         f"{steps_per_epoch} optimizer steps per epoch per worker"
     )
 
@@ -214,6 +234,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     per_rank: list[dict[str, Any]] = []
     train_seconds = 0.0
     samples_seen = 0
+    timer = StepTimer()
+    guard = LossGuard(device, rank, check_every=cfg.log_every_steps)
     logs = (
         RunLogs(os.path.join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
         if is_main
@@ -222,16 +244,72 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     if progress.epoch >= cfg.epochs or (cfg.max_steps and progress.step >= cfg.max_steps):
         log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
 
+    def save(
+        metrics: dict[str, Any], loss_sum: float, seen: int, samples_per_s: float = 0.0
+    ) -> None:
+        """A checkpoint of every rank's state at an optimizer-step boundary (a barrier)."""
+        guard.check()  # every rank, before the all-gather that precedes the write
+        peak_mb, memory_kind = _peak_memory(device)
+        stats = {
+            "rank": rank,
+            "samples_per_s": samples_per_s,
+            "peak_memory_mb": peak_mb,
+            "memory_kind": memory_kind,
+        }
+        # One collective for all of it: every rank's RNG and partial sums (for the
+        # checkpoint) and its speed and memory (for the balance table).
+        gathered = _all_gather({"rng": capture_rng(), "partial": (loss_sum, seen), "stats": stats})
+        per_rank[:] = [g["stats"] for g in gathered]
+        if not metrics.get("mid_epoch"):
+            metrics.update(reporting.balance(per_rank))
+        _report(
+            cfg,
+            metrics,
+            is_main,
+            model,
+            optimizer,
+            scheduler,
+            scaler,
+            progress,
+            meta,
+            [g["rng"] for g in gathered],
+            [g["partial"] for g in gathered],
+        )
+
+    def mid_epoch_checkpoint(epoch: int, batch: int, loss_sum: float, seen: int) -> None:
+        progress.batch = batch
+        save(
+            {
+                "epoch": progress.epoch,
+                "step": progress.step,
+                "batch": batch,
+                "mid_epoch": True,
+                # Not validated. Scored below every epoch checkpoint (so Ray keeps it only
+                # while it is the latest); not NaN, which Ray's saved state turns to null.
+                "val_acc": -1.0,
+                "lr": optimizer.param_groups[0]["lr"],
+            },
+            loss_sum,
+            seen,
+        )
+        progress.batch = 0
+        log(
+            f"checkpoint: step {progress.step} (epoch {epoch + 1}, micro-batch "
+            f"{batch}/{batches_per_epoch})"
+        )
+
     try:
         for epoch in range(progress.epoch, cfg.epochs):
             if cfg.max_steps and progress.step >= cfg.max_steps:
                 break
-            train_sampler.set_epoch(epoch)  # a new, reproducible shuffle every epoch
+            start_batch, progress.batch = progress.batch, 0
+            # A new, reproducible shuffle every epoch, from where a checkpoint left it.
+            train_sampler.set_position(epoch, start_batch)
             started = time.perf_counter()
             syncs_before = counter.syncs if counter else 0
             steps_before = progress.step
             try:
-                loss_sum, seen = _train_epoch(
+                loss_sum, seen, seen_now, skipped = _train_epoch(
                     cfg,
                     model,
                     train_loader,
@@ -241,8 +319,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                     device,
                     progress,
                     epoch,
+                    (start_batch, batches_per_epoch),
+                    partial,
                     is_main,
                     logs,
+                    timer,
+                    guard,
+                    mid_epoch_checkpoint,
                 )
             except torch.OutOfMemoryError as exc:
                 raise RuntimeError(
@@ -250,18 +333,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                     f"per worker: lower --batch-size and raise --accum-steps to keep the global "
                     f"batch of {cfg.batch_size * world_size * cfg.accum_steps}"
                 ) from exc
+            partial = (0.0, 0)
             epoch_s = time.perf_counter() - started
-            totals = torch.tensor([loss_sum, seen], dtype=torch.float64, device=device)
+            totals = torch.tensor([loss_sum, seen, seen_now], dtype=torch.float64, device=device)
             if _distributed():
                 dist.all_reduce(totals)
             train_loss = totals[0].item() / max(1.0, totals[1].item())
-            if not math.isfinite(train_loss):
-                raise FloatingPointError(
-                    f"non-finite training loss in epoch {epoch + 1} (step {progress.step}); "
-                    "lower --lr, or use --amp bf16 / off"
-                )
             result = evaluate(unwrap(model), val_loader, device, cfg.amp)
-            global_samples = int(totals[1].item())
+            global_samples = int(totals[2].item())
             train_seconds += epoch_s
             samples_seen += global_samples
             progress.epoch = epoch + 1
@@ -278,33 +357,12 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 "samples_per_s": global_samples / epoch_s,
                 "epoch_s": epoch_s,
             }
+            if scaler.is_enabled():
+                metrics["amp_skipped_steps"] = skipped
             if counter is not None:
                 steps = progress.step - steps_before
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / max(1, steps)
-            peak_mb, memory_kind = _peak_memory(device)
-            stats = {
-                "rank": rank,
-                "samples_per_s": seen / epoch_s,
-                "peak_memory_mb": peak_mb,
-                "memory_kind": memory_kind,
-            }
-            # One collective for both: every rank's RNG (for the checkpoint) and figures.
-            gathered = _all_gather({"rng": capture_rng(), "stats": stats})
-            rng = [g["rng"] for g in gathered]
-            per_rank = [g["stats"] for g in gathered]
-            metrics.update(reporting.balance(per_rank))
-            _report(
-                cfg,
-                metrics,
-                is_main,
-                model,
-                optimizer,
-                scheduler,
-                scaler,
-                progress,
-                meta,
-                rng,
-            )
+            save(metrics, 0.0, 0, seen_now / epoch_s)
             log(reporting.epoch_line(metrics, cfg.epochs))
             log(reporting.worker_table(per_rank))
             if logs is not None:
@@ -324,6 +382,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "device": device.type,
         "ranks": rows,
         "per_rank": per_rank,
+        "timing": timer.summary(),
     }
 
 
@@ -337,23 +396,35 @@ def _train_epoch(
     device: torch.device,
     progress: TrainProgress,
     epoch: int,
+    span: tuple[int, int],
+    partial: tuple[float, int],
     is_main: bool,
     logs: RunLogs | None,
-) -> tuple[float, int]:
-    """One pass over this rank's shard. Returns (sum of per-sample losses, samples)."""
+    timer: StepTimer,
+    guard: LossGuard,
+    checkpoint: Callable[[int, int, float, int], None],
+) -> tuple[float, int, int, int]:
+    """One pass over this rank's shard, from micro-batch ``span[0]`` of ``span[1]``.
+
+    ``partial`` is the (loss sum, samples) of the part before ``span[0]``, from a
+    checkpoint. Returns (loss sum, samples) of the whole epoch, the samples trained in this
+    call, and the fp16 steps the GradScaler skipped."""
     model.train()
-    batches = len(loader)
+    first, batches = span
     # Summed on the device: calling .item() every step would wait for the GPU each time.
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    seen = 0
+    loss_sum = torch.tensor(partial[0], dtype=torch.float64, device=device)
+    seen = partial[1]
+    seen_now = skipped = window_samples = 0
     started = last_report = time.perf_counter()
     report_progress = is_main and cfg.progress_interval_s > 0
     no_sync = getattr(model, "no_sync", None)  # absent with one worker (no DDP wrapper)
     optimizer.zero_grad(set_to_none=True)
-    for index, (inputs, targets) in enumerate(loader):
+    timer.restart()
+    for index, (inputs, targets) in enumerate(loader, start=first):
         # Micro-steps are grouped in windows of accum_steps; the last window of an epoch
         # may be shorter, and the loss is divided by the window's real length so every
-        # optimizer step averages its micro-batches exactly.
+        # optimizer step averages its micro-batches exactly. Checkpoints fall on window
+        # ends, so a resumed epoch starts on a window's first micro-batch.
         window_start = index - index % cfg.accum_steps
         window = min(cfg.accum_steps, batches - window_start)
         boundary = index - window_start == window - 1
@@ -366,40 +437,66 @@ def _train_epoch(
             with autocast(cfg.amp, device):
                 logits = model(inputs)
                 loss = F.cross_entropy(logits.float(), targets)
+            loss = _inject_fault(cfg, loss, progress.step + 1)
+            guard.observe(loss, progress.step + 1, f"epoch {epoch + 1}, micro-batch {index + 1}")
             scaler.scale(loss / window).backward()
         loss_sum += loss.detach().double() * targets.numel()
         seen += targets.numel()
+        seen_now += targets.numel()
+        window_samples += targets.numel()
         if boundary:
             if cfg.grad_clip > 0:
                 scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            scaler.step(optimizer)  # skipped by the scaler if fp16 grads overflowed
-            scaler.update()
+            if not optimizer_step(optimizer, scaler, scheduler):
+                skipped += 1  # fp16 overflow: no update, and the schedule stays put
             optimizer.zero_grad(set_to_none=True)
-            scheduler.step()
             progress.step += 1
+            timer.step(window_samples)
+            window_samples = 0
+            guard.maybe_check(progress.step)
             if logs is not None and progress.step % cfg.log_every_steps == 0:
                 logs.step(progress.step, loss.item(), optimizer.param_groups[0]["lr"])
+            if (
+                cfg.checkpoint_every
+                and progress.step % cfg.checkpoint_every == 0
+                and index + 1 < batches  # the epoch's end has its own checkpoint
+                and not (cfg.max_steps and progress.step >= cfg.max_steps)
+            ):
+                checkpoint(epoch, index + 1, loss_sum.item(), seen)
+                timer.restart()
         if report_progress and time.perf_counter() - last_report >= cfg.progress_interval_s:
             last_report = time.perf_counter()
             elapsed = last_report - started
-            done = index + 1
+            done = index + 1 - first
             sys.stdout.write(
                 reporting.progress_line(
                     epoch + 1,
                     cfg.epochs,
-                    done,
+                    index + 1,
                     batches,
                     loss_sum.item() / seen,
-                    seen * dist_world_size() / elapsed,
-                    elapsed * (batches - done) / done,
+                    seen_now * dist_world_size() / elapsed,
+                    elapsed * (batches - index - 1) / done,
                 )
                 + "\n"
             )
             sys.stdout.flush()
         if boundary and cfg.max_steps and progress.step >= cfg.max_steps:
             break
-    return loss_sum.item(), seen
+    guard.check()
+    return loss_sum.item(), seen, seen_now, skipped
+
+
+def _inject_fault(cfg: TrainConfig, loss: torch.Tensor, step: int) -> torch.Tensor:
+    """Testing aid: ``extra["inject_nan"] = {"step": S, "rank": R}`` turns rank R's loss
+    at optimizer step S into NaN, the way a diverging model would."""
+    fault = cfg.extra.get("inject_nan")
+    if not fault or fault["step"] != step:
+        return loss
+    if fault["rank"] != ray.train.get_context().get_world_rank():
+        return loss
+    return loss * float("nan")
 
 
 def _report(
@@ -413,6 +510,7 @@ def _report(
     progress: TrainProgress,
     meta: dict[str, Any],
     rng: list[dict[str, Any]],
+    epoch_partial: list[tuple[float, int]],
 ) -> None:
     """Every rank reports (it is a barrier); only rank 0 attaches the checkpoint."""
     if not is_main:
@@ -430,6 +528,7 @@ def _report(
             config=cfg.to_dict(),
             model_meta=meta,
             rng_per_rank=rng,
+            epoch_partial=epoch_partial,
         )
         # SYNC upload (the default): the checkpoint is in storage when report returns.
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))

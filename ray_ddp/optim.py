@@ -45,3 +45,27 @@ def build_scheduler(
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: lr_factor(step, warmup, total_steps, cfg.min_lr_ratio)
     )
+
+
+def optimizer_step(
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+) -> bool:
+    """One optimizer step through the GradScaler; returns whether it was applied.
+
+    With fp16 the scaler skips a step whose gradients overflowed (and halves its scale):
+    that is normal while the scale settles, and the LR schedule must not advance for a
+    step the optimizer did not take. The scale is read before and after (one host sync,
+    which ``scaler.step`` already pays for fp16); without a scaler nothing is read."""
+    if not scaler.is_enabled():
+        optimizer.step()
+        scheduler.step()
+        return True
+    scale = scaler.get_scale()
+    scaler.step(optimizer)
+    scaler.update()
+    applied = scaler.get_scale() >= scale  # the scale only drops after a skipped step
+    if applied:
+        scheduler.step()
+    return applied

@@ -18,6 +18,8 @@ from ray_ddp.checkpoint import CheckpointError, check_compatible, load_state, mo
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.datasets import DatasetInfo, describe_dataset
 from ray_ddp.models import check_model_name
+from ray_ddp.numerics import stop_on_nonfinite_callback
+from ray_ddp.run_record import check_rerun, write_record
 from ray_ddp.storage import check_shared_storage, storage_location
 
 DEFAULT_CPU_WORKERS = 2
@@ -32,6 +34,7 @@ def preflight(cfg: TrainConfig) -> DatasetInfo:
             "--amp fp16 needs GPUs and this machine has none; use --amp bf16 or --amp off"
         )
     info = describe_dataset(cfg)
+    check_rerun(cfg)
     if cfg.resume_from:
         try:
             state = load_state(cfg.resume_from)
@@ -57,6 +60,13 @@ def check_batch_fits(cfg: TrainConfig, info: DatasetInfo, batch_size: int) -> No
             f"--batch-size {batch_size} (per worker) is larger than a worker's "
             f"share of the {info.train_size} training samples ({shard}); lower it"
         )
+    batches = shard // batch_size
+    if cfg.accum_steps > batches:
+        raise ConfigError(
+            f"--accum-steps {cfg.accum_steps} is more than the {batches} micro-batches of "
+            f"{batch_size} a worker gets per epoch, so no step would accumulate that many; "
+            "lower --accum-steps or --batch-size"
+        )
 
 
 def _local_gpus() -> int:
@@ -71,36 +81,74 @@ def connect(address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # keep rank 0's epoch lines verbatim
     ray.init(address=address, logging_level="WARNING", log_to_driver=True)
 
 
 def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
-    """Fill in num_workers and use_gpu from the cluster, and refuse what cannot fit."""
+    """Fill in num_workers and use_gpu from the cluster, and refuse what cannot fit.
+
+    Ray itself would leave an unplaceable request pending forever. Here a request larger
+    than the whole cluster fails at once, unless ``--wait-for-resources`` allows time for
+    nodes to join (an autoscaling cluster); one that fits the cluster but not what is free
+    now (another job holds it) waits up to ``max(30 s, --wait-for-resources)``."""
     import ray
 
     resources = ray.cluster_resources()
     gpus = int(resources.get("GPU", 0))
-    cpus = int(resources.get("CPU", 0))
     use_gpu = cfg.use_gpu if cfg.use_gpu is not None else gpus > 0
-    if use_gpu and gpus == 0:
-        raise ConfigError(
-            "--use-gpu was given but the Ray cluster has no GPUs; drop it or use --no-gpu"
-        )
     if cfg.amp == "fp16" and not use_gpu:
         raise ConfigError("--amp fp16 needs GPU workers; use --amp bf16 or --amp off on CPU")
     num_workers = cfg.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
-    need_cpus = num_workers * cfg.cpus_per_worker
-    if need_cpus > cpus:
-        raise ConfigError(
-            f"{num_workers} workers x {cfg.cpus_per_worker:g} CPUs = {need_cpus:g} CPUs asked, "
-            f"the Ray cluster has {cpus}; lower --num-workers or --cpus-per-worker"
+    cfg = dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
+
+    deadline = time.monotonic() + cfg.wait_for_resources
+    said = False
+    while missing := _shortage(cfg, ray.cluster_resources(), "the Ray cluster has"):
+        if time.monotonic() >= deadline:
+            raise ConfigError(missing)
+        if not said:
+            print(f"{missing}; waiting up to {cfg.wait_for_resources:g} s for nodes", flush=True)
+            said = True
+        time.sleep(RESOURCE_POLL_S)
+
+    deadline = time.monotonic() + max(30.0, cfg.wait_for_resources)
+    while missing := _shortage(cfg, ray.available_resources(), "free now:"):
+        if time.monotonic() >= deadline:
+            raise ConfigError(f"{missing} (other jobs hold the rest); try again later")
+        time.sleep(RESOURCE_POLL_S)
+    return cfg
+
+
+RESOURCE_POLL_S = 2.0
+
+
+def _shortage(cfg: TrainConfig, resources: dict[str, float], have: str) -> str | None:
+    """What the request lacks in ``resources``, as a message; None if it fits."""
+    assert cfg.num_workers is not None
+    gpus = int(resources.get("GPU", 0))
+    cpus = resources.get("CPU", 0)
+    if cfg.use_gpu and gpus == 0:
+        return "--use-gpu was given but the Ray cluster has no GPUs; drop it or use --no-gpu"
+    need_cpus = cfg.num_workers * cfg.cpus_per_worker
+    if need_cpus > cpus + 1e-9:
+        return (
+            f"{cfg.num_workers} workers x {cfg.cpus_per_worker:g} CPUs = {need_cpus:g} CPUs "
+            f"asked, {have} {cpus:g}; lower --num-workers or --cpus-per-worker"
         )
-    if use_gpu and num_workers > gpus:
-        raise ConfigError(
-            f"{num_workers} GPU workers asked, the Ray cluster has {gpus} GPUs; lower --num-workers"
+    if cfg.use_gpu and cfg.num_workers > gpus:
+        return f"{cfg.num_workers} GPU workers asked, {have} {gpus} GPUs; lower --num-workers"
+    return None
+
+
+class Interrupted(Exception):
+    """The user stopped the run (Ctrl-C); its checkpoints are intact."""
+
+    def __init__(self, cfg: TrainConfig):
+        run_dir = os.path.join(cfg.storage_path, cfg.name or "")
+        super().__init__(
+            f"interrupted: the workers were stopped; checkpoints in {run_dir} are intact. "
+            f"Resume with the same flags and --name {cfg.name}"
         )
-    return dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
 
 
 def default_name(cfg: TrainConfig) -> str:
@@ -118,11 +166,18 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
         cfg, name=cfg.name or default_name(cfg), storage_path=storage_location(cfg.storage_path)
     )
     check_shared_storage(cfg.storage_path)
+    check_rerun(cfg)  # again: num_workers is known now
+    write_record(cfg)
 
     print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
     trainer = build_trainer(cfg)
     started = time.perf_counter()
-    result = trainer.fit()
+    try:
+        result = trainer.fit()
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # Ray's own SIGINT handler has aborted the controller, which stops the workers,
+        # then exits 0 as if all went well; say what happened instead.
+        raise Interrupted(cfg) from exc
     wall_s = time.perf_counter() - started
     summary = build_summary(cfg, result, wall_s)
     if cfg.export and summary["best"]:
@@ -184,7 +239,7 @@ def build_trainer(
             ),
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=callbacks or [],
+            callbacks=[stop_on_nonfinite_callback(), *(callbacks or [])],
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
     )
@@ -193,7 +248,12 @@ def build_trainer(
 def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
     """Final and best validation figures, the best checkpoint, sizes and speed."""
     info = result.return_value or {}
-    scored = [(c, m) for c, m in (result.best_checkpoints or []) if "val_acc" in m]
+    # Mid-epoch checkpoints carry no validation (val_acc NaN): never the best.
+    scored = [
+        (c, m)
+        for c, m in (result.best_checkpoints or [])
+        if "val_acc" in m and not m.get("mid_epoch")
+    ]
     best_ckpt, best_metrics = max(scored, key=lambda cm: cm[1]["val_acc"]) if scored else (None, {})
     final_metrics = result.metrics or {}
     pick = ("epoch", "val_loss", "val_acc", "val_correct", "val_count")
@@ -224,6 +284,7 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
         "per_rank": info.get("per_rank", []),
         "wall_s": wall_s,
         "samples_per_s": info.get("samples_seen", 0) / train_seconds if train_seconds else 0.0,
+        "timing": info.get("timing", {}),
     }
 
 

@@ -1,0 +1,117 @@
+"""The config a named run was started with, kept beside its checkpoints.
+
+Re-running a ``--name`` resumes it, which is only right if it is the same training: a
+re-run whose flags change what is trained (model, data, batch, optimizer, seed, ...) would
+silently continue someone else's run and mix two configs in one directory. The driver
+refuses that before any Ray work, naming the flags that differ, unless
+``--allow-config-change`` says it is meant. Flags that only change how the run is executed
+or logged, or that extend it (``--epochs``, ``--max-steps``), may differ freely.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.storage import is_uri, write_bytes
+
+RECORD_FILE = "ray_ddp_config.json"
+
+# Fields that may differ between runs of one name: extent, placement, output, logging.
+RESUME_SAFE = frozenset(
+    {
+        "epochs",
+        "max_steps",
+        "address",
+        "use_gpu",
+        "cpus_per_worker",
+        "placement_strategy",
+        "max_failures",
+        "download",
+        "loader_workers",
+        "pin_memory",
+        "storage_path",
+        "name",
+        "resume_from",
+        "keep_checkpoints",
+        "checkpoint_every",
+        "summary_json",
+        "progress_interval_s",
+        "tensorboard",
+        "log_every_steps",
+        "log_all_ranks",
+        "export",
+        "comm_stats",
+        "allow_config_change",
+        "extra",
+    }
+)
+
+
+def record_path(cfg: TrainConfig) -> str:
+    return f"{cfg.storage_path.rstrip('/')}/{cfg.name}/{RECORD_FILE}"
+
+
+def _read(path: str) -> str | None:
+    if not is_uri(path):
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return f.read()
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
+    if fs.get_file_info(inner).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(inner) as f:
+        return f.read().decode()
+
+
+def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """``--flag OLD -> NEW`` for every field that matters and differs. An unresolved
+    value (None, e.g. num_workers before the cluster is known) is not compared."""
+    changes = []
+    for key, old in sorted(saved.items()):
+        if key in RESUME_SAFE or key not in current:
+            continue
+        new = current[key]
+        if old is not None and new is not None and old != new:
+            changes.append(f"--{key.replace('_', '-')} {old} -> {new}")
+    return changes
+
+
+def check_rerun(cfg: TrainConfig) -> None:
+    """Refuse a re-run of ``cfg.name`` whose training config differs from the recorded one."""
+    if not cfg.name:
+        return
+    path = record_path(cfg)
+    text = _read(path)
+    if text is None:
+        return
+    try:
+        saved = json.loads(text)
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not readable JSON ({exc}); move it aside") from exc
+    changes = config_changes(saved, cfg.to_dict())
+    if changes and not cfg.allow_config_change:
+        shown = "; ".join(changes[:4]) + ("; ..." if len(changes) > 4 else "")
+        raise ConfigError(
+            f"run '{cfg.name}' exists with another config ({shown}): re-run with its flags "
+            "to resume it, pick a new --name, or pass --allow-config-change to continue it "
+            "with these"
+        )
+
+
+def write_record(cfg: TrainConfig) -> None:
+    """Record ``cfg`` for the next re-run (written whole, then renamed, when local)."""
+    data = json.dumps(cfg.to_dict(), indent=2, sort_keys=True).encode()
+    path = record_path(cfg)
+    if is_uri(path):
+        write_bytes(path, data)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "wb") as f:
+        f.write(data)
+    os.replace(path + ".tmp", path)

@@ -1,0 +1,55 @@
+"""Steady-state speed of the optimizer steps, as one worker sees it.
+
+The epoch figures include start-up, evaluation and checkpoint writes; these do not. Each
+optimizer step is timed from the end of the one before it (data loading included), the
+first ``WARMUP_STEPS`` of a run and every interval broken by something else (an epoch
+boundary, a checkpoint) are left out. Only host clocks: no device synchronisation is added,
+so on a GPU single intervals show when the CPU waited, and the totals are what counts.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+WARMUP_STEPS = 10
+
+
+class StepTimer:
+    def __init__(self, warmup_steps: int = WARMUP_STEPS) -> None:
+        self.warmup_steps = warmup_steps
+        self.steps = 0
+        self.first_step_unix: float | None = None
+        self.durations: list[float] = []
+        self.samples_timed = 0
+        self._mark: float | None = None
+
+    def restart(self) -> None:
+        """The next interval starts now (after an epoch boundary or a checkpoint)."""
+        self._mark = time.perf_counter()
+
+    def pause(self) -> None:
+        """The next interval is not a step's own time: leave it out."""
+        self._mark = None
+
+    def step(self, samples: int) -> None:
+        """An optimizer step has just finished, after ``samples`` samples on this worker."""
+        now = time.perf_counter()
+        self.steps += 1
+        if self.first_step_unix is None:
+            self.first_step_unix = time.time()
+        if self.steps > self.warmup_steps and self._mark is not None:
+            self.durations.append(now - self._mark)
+            self.samples_timed += samples
+        self._mark = now
+
+    def summary(self) -> dict[str, Any]:
+        timed = sum(self.durations)
+        return {
+            "warmup_steps": self.warmup_steps,
+            "steps_timed": len(self.durations),
+            "first_step_unix": self.first_step_unix,
+            "step_time_median_s": statistics.median(self.durations) if self.durations else None,
+            "steady_samples_per_s_per_worker": self.samples_timed / timed if timed else None,
+        }

@@ -1,0 +1,58 @@
+"""Non-finite losses and fp16 skipped steps, on real tensors and a real GradScaler."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ray_ddp.numerics import LossGuard, NonFiniteLossError, nonfinite_message
+from ray_ddp.optim import optimizer_step
+
+
+def _setup(enabled: bool):
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (step + 1))
+    scaler = torch.amp.GradScaler("cpu", enabled=enabled, init_scale=2.0**10)
+    return model, optimizer, scheduler, scaler
+
+
+def test_an_overflowed_fp16_step_is_skipped_without_advancing_the_schedule():
+    model, optimizer, scheduler, scaler = _setup(enabled=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+    model.weight.grad[0, 0] = float("inf")  # what an fp16 overflow leaves behind
+    assert optimizer_step(optimizer, scaler, scheduler) is False
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    assert scheduler.last_epoch == 0 and optimizer.param_groups[0]["lr"] == 0.1
+    assert scaler.get_scale() == 2.0**9  # backed off, ready for the next try
+
+    optimizer.zero_grad()
+    scaler.scale(model(torch.ones(2, 3)).sum()).backward()
+    assert optimizer_step(optimizer, scaler, scheduler) is True
+    assert scheduler.last_epoch == 1 and optimizer.param_groups[0]["lr"] == 0.05
+    assert not torch.equal(before[0], model.weight)
+
+
+def test_without_a_scaler_every_step_applies():
+    model, optimizer, scheduler, scaler = _setup(enabled=False)
+    model(torch.ones(2, 3)).sum().backward()
+    assert optimizer_step(optimizer, scaler, scheduler) is True
+    assert scheduler.last_epoch == 1
+
+
+def test_the_guard_names_step_and_rank_and_passes_finite_losses():
+    guard = LossGuard(torch.device("cpu"), rank=3, check_every=1)
+    guard.observe(torch.tensor(1.5), step=1, where="epoch 1, micro-batch 1")
+    guard.check()
+    with pytest.raises(NonFiniteLossError, match="optimizer step 7 on rank 3 \\(inf"):
+        guard.observe(torch.tensor(float("inf")), step=7, where="epoch 1, micro-batch 7")
+
+
+def test_the_message_is_found_in_a_relayed_traceback():
+    relayed = RuntimeError(
+        "Traceback (most recent call last):\n  File x\n"
+        "ray_ddp.numerics.NonFiniteLossError: non-finite training loss at optimizer step 4"
+    )
+    assert nonfinite_message(relayed) == "non-finite training loss at optimizer step 4"
+    assert nonfinite_message(RuntimeError("worker died")) is None
