@@ -9,7 +9,6 @@ checkpoint from rank 0 through ``ray.train.report`` (which every rank calls, as 
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -20,14 +19,12 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from typing import Any
 
 import ray.train
 import ray.train.torch
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from ray_ddp import reporting
 from ray_ddp.checkpoint import (
@@ -44,12 +41,13 @@ from ray_ddp.checkpoint import (
 from ray_ddp.comm_stats import AllReduceCounter, attach_counter
 from ray_ddp.config import TrainConfig
 from ray_ddp.datasets import build_datasets
+from ray_ddp.epoch import train_epoch
 from ray_ddp.evaluation import evaluate
 from ray_ddp.loaders import make_loaders
 from ray_ddp.models import build_model
 from ray_ddp.numerics import LossGuard
-from ray_ddp.optim import build_optimizer, build_scheduler, optimizer_step
-from ray_ddp.precision import autocast, grad_scaler
+from ray_ddp.optim import build_optimizer, build_scheduler
+from ray_ddp.precision import grad_scaler
 from ray_ddp.run_logs import RunLogs
 from ray_ddp.step_timing import StepTimer
 from ray_ddp.storage import list_checkpoints
@@ -57,10 +55,6 @@ from ray_ddp.storage import list_checkpoints
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def dist_world_size() -> int:
-    return dist.get_world_size() if _distributed() else 1
 
 
 def _all_gather(obj: Any) -> list[Any]:
@@ -309,7 +303,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             syncs_before = counter.syncs if counter else 0
             steps_before = progress.step
             try:
-                loss_sum, seen, seen_now, skipped = _train_epoch(
+                done = train_epoch(
                     cfg,
                     model,
                     train_loader,
@@ -321,11 +315,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                     epoch,
                     (start_batch, batches_per_epoch),
                     partial,
-                    is_main,
-                    logs,
-                    timer,
-                    guard,
-                    mid_epoch_checkpoint,
+                    timer=timer,
+                    guard=guard,
+                    logs=logs,
+                    checkpoint=mid_epoch_checkpoint,
+                    report_progress=is_main and cfg.progress_interval_s > 0,
                 )
             except torch.OutOfMemoryError as exc:
                 raise RuntimeError(
@@ -335,7 +329,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 ) from exc
             partial = (0.0, 0)
             epoch_s = time.perf_counter() - started
-            totals = torch.tensor([loss_sum, seen, seen_now], dtype=torch.float64, device=device)
+            seen_now = done.seen_now
+            totals = torch.tensor(
+                [done.loss_sum, done.seen, seen_now], dtype=torch.float64, device=device
+            )
             if _distributed():
                 dist.all_reduce(totals)
             train_loss = totals[0].item() / max(1.0, totals[1].item())
@@ -358,7 +355,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 "epoch_s": epoch_s,
             }
             if scaler.is_enabled():
-                metrics["amp_skipped_steps"] = skipped
+                metrics["amp_skipped_steps"] = done.skipped
             if counter is not None:
                 steps = progress.step - steps_before
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / max(1, steps)
@@ -384,119 +381,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         "per_rank": per_rank,
         "timing": timer.summary(),
     }
-
-
-def _train_epoch(
-    cfg: TrainConfig,
-    model: torch.nn.Module,
-    loader,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    device: torch.device,
-    progress: TrainProgress,
-    epoch: int,
-    span: tuple[int, int],
-    partial: tuple[float, int],
-    is_main: bool,
-    logs: RunLogs | None,
-    timer: StepTimer,
-    guard: LossGuard,
-    checkpoint: Callable[[int, int, float, int], None],
-) -> tuple[float, int, int, int]:
-    """One pass over this rank's shard, from micro-batch ``span[0]`` of ``span[1]``.
-
-    ``partial`` is the (loss sum, samples) of the part before ``span[0]``, from a
-    checkpoint. Returns (loss sum, samples) of the whole epoch, the samples trained in this
-    call, and the fp16 steps the GradScaler skipped."""
-    model.train()
-    first, batches = span
-    # Summed on the device: calling .item() every step would wait for the GPU each time.
-    loss_sum = torch.tensor(partial[0], dtype=torch.float64, device=device)
-    seen = partial[1]
-    seen_now = skipped = window_samples = 0
-    started = last_report = time.perf_counter()
-    report_progress = is_main and cfg.progress_interval_s > 0
-    no_sync = getattr(model, "no_sync", None)  # absent with one worker (no DDP wrapper)
-    optimizer.zero_grad(set_to_none=True)
-    timer.restart()
-    for index, (inputs, targets) in enumerate(loader, start=first):
-        # Micro-steps are grouped in windows of accum_steps; the last window of an epoch
-        # may be shorter, and the loss is divided by the window's real length so every
-        # optimizer step averages its micro-batches exactly. Checkpoints fall on window
-        # ends, so a resumed epoch starts on a window's first micro-batch.
-        window_start = index - index % cfg.accum_steps
-        window = min(cfg.accum_steps, batches - window_start)
-        boundary = index - window_start == window - 1
-        # Only the boundary micro-step all-reduces gradients; the others accumulate
-        # locally under no_sync() (the guide's version all-reduced on every micro-step).
-        sync_context = (
-            no_sync() if (no_sync is not None and not boundary) else contextlib.nullcontext()
-        )
-        with sync_context:
-            with autocast(cfg.amp, device):
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.float(), targets)
-            loss = _inject_fault(cfg, loss, progress.step + 1)
-            guard.observe(loss, progress.step + 1, f"epoch {epoch + 1}, micro-batch {index + 1}")
-            scaler.scale(loss / window).backward()
-        loss_sum += loss.detach().double() * targets.numel()
-        seen += targets.numel()
-        seen_now += targets.numel()
-        window_samples += targets.numel()
-        if boundary:
-            if cfg.grad_clip > 0:
-                scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
-                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            if not optimizer_step(optimizer, scaler, scheduler):
-                skipped += 1  # fp16 overflow: no update, and the schedule stays put
-            optimizer.zero_grad(set_to_none=True)
-            progress.step += 1
-            timer.step(window_samples)
-            window_samples = 0
-            guard.maybe_check(progress.step)
-            if logs is not None and progress.step % cfg.log_every_steps == 0:
-                logs.step(progress.step, loss.item(), optimizer.param_groups[0]["lr"])
-            if (
-                cfg.checkpoint_every
-                and progress.step % cfg.checkpoint_every == 0
-                and index + 1 < batches  # the epoch's end has its own checkpoint
-                and not (cfg.max_steps and progress.step >= cfg.max_steps)
-            ):
-                checkpoint(epoch, index + 1, loss_sum.item(), seen)
-                timer.restart()
-        if report_progress and time.perf_counter() - last_report >= cfg.progress_interval_s:
-            last_report = time.perf_counter()
-            elapsed = last_report - started
-            done = index + 1 - first
-            sys.stdout.write(
-                reporting.progress_line(
-                    epoch + 1,
-                    cfg.epochs,
-                    index + 1,
-                    batches,
-                    loss_sum.item() / seen,
-                    seen_now * dist_world_size() / elapsed,
-                    elapsed * (batches - index - 1) / done,
-                )
-                + "\n"
-            )
-            sys.stdout.flush()
-        if boundary and cfg.max_steps and progress.step >= cfg.max_steps:
-            break
-    guard.check()
-    return loss_sum.item(), seen, seen_now, skipped
-
-
-def _inject_fault(cfg: TrainConfig, loss: torch.Tensor, step: int) -> torch.Tensor:
-    """Testing aid: ``extra["inject_nan"] = {"step": S, "rank": R}`` turns rank R's loss
-    at optimizer step S into NaN, the way a diverging model would."""
-    fault = cfg.extra.get("inject_nan")
-    if not fault or fault["step"] != step:
-        return loss
-    if fault["rank"] != ray.train.get_context().get_world_rank():
-        return loss
-    return loss * float("nan")
 
 
 def _report(

@@ -68,3 +68,15 @@ def test_gpu_check_skips_without_a_gpu_and_runs_dry_on_cpu(tmp_path):
     table = out.read_text()
     assert "| bf16 | off | off |" in table and "| bf16 | on | off |" in table
     assert "error" not in table.lower() and "skipped" not in table
+
+
+def test_gpu_path_check_runs_dry_on_cpu():
+    """benchmarks/gpu_path.py runs ray_ddp's epoch function on a GPU; its CPU dry run keeps
+    it honest here (DDP over gloo, off and bf16, accumulation, the NaN stop)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "gpu_path.py"), "--dry-run"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().endswith("gpu_path: all checks passed")
+    assert "optimizer step 7 on rank 0" in proc.stdout
