@@ -11,7 +11,8 @@ process group set-up, ``prepare_data_loader``'s side-stream copies) is not; the 
 machines this runs on have no Ray installed.
 
 Checks, each printed as a table row and asserted:
-- every precision (off, bf16, fp16) and accumulation (1, 4) trains: the loss falls;
+- every precision (off, bf16, fp16), accumulation (1, 4) and channels_last trains: the
+  loss falls;
 - exactly one gradient all-reduce per optimizer step, accumulation included;
 - fp16 with a scale that overflows at first: the skipped steps are counted and the LR
   schedule advances once per applied step only;
@@ -61,7 +62,16 @@ class OnDevice:
             )
 
 
-def run(train, device, amp: str, accum: int, *, scaler=None, nan_at: int | None = None):
+def run(
+    train,
+    device,
+    amp: str,
+    accum: int,
+    *,
+    scaler=None,
+    nan_at: int | None = None,
+    channels_last: bool = False,
+):
     cfg = TrainConfig(
         amp=amp,
         accum_steps=accum,
@@ -74,6 +84,8 @@ def run(train, device, amp: str, accum: int, *, scaler=None, nan_at: int | None 
     )
     torch.manual_seed(0)
     model = build_model("small_cnn", (3, 16, 16), 10).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
     model = DistributedDataParallel(
         model, device_ids=[device.index] if device.index is not None else None
     )
@@ -101,7 +113,7 @@ def run(train, device, amp: str, accum: int, *, scaler=None, nan_at: int | None 
     started = time.perf_counter()
     result = train_epoch(
         cfg, model, loader, optimizer, scheduler, scaler, device, progress, 0,
-        (0, batches), (0.0, 0), timer=StepTimer(), guard=guard,
+        (0, batches), (0.0, 0), timer=StepTimer(), guard=guard, channels_last=channels_last,
     )  # fmt: skip
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -135,22 +147,23 @@ def main(argv: list[str]) -> int:
     train, _ = make_synthetic(0, train_samples=4096 if dry else 16384, val_samples=128)
     first_loss = run(train, device, "off", 1)["loss"]  # warms up CUDA and cuDNN too
 
-    print("amp   accum  steps  skipped  sched  allreduce/step  loss    samples/s  peak MB")
+    print("amp   accum  nhwc  steps  skipped  sched  allreduce/step  loss    samples/s  peak MB")
     failures = []
     for amp in ("off", "bf16") if dry else ("off", "bf16", "fp16"):
-        for accum in (1, 4):
-            r = run(train, device, amp, accum)
+        for accum, nhwc in ((1, False), (4, False), (1, True)):
+            r = run(train, device, amp, accum, channels_last=nhwc)
             print(
-                f"{amp:5} {accum:5}  {r['steps']:5}  {r['skipped']:7}  {r['schedule_steps']:5}"
-                f"  {r['allreduces_per_step']:14.2f}  {r['loss']:.4f}  {r['samples_per_s']:9.0f}"
-                f"  {r['peak_mb']:7.0f}"
+                f"{amp:5} {accum:5}  {'on' if nhwc else 'off':4}  {r['steps']:5}  {r['skipped']:7}"
+                f"  {r['schedule_steps']:5}  {r['allreduces_per_step']:14.2f}  {r['loss']:.4f}"
+                f"  {r['samples_per_s']:9.0f}  {r['peak_mb']:7.0f}"
             )
+            tag = f"{amp}/accum {accum}/nhwc {nhwc}"
             if r["allreduces_per_step"] != 1.0:
-                failures.append(f"{amp}/{accum}: {r['allreduces_per_step']} all-reduces/step")
+                failures.append(f"{tag}: {r['allreduces_per_step']} all-reduces/step")
             if r["schedule_steps"] != r["steps"] - r["skipped"]:
-                failures.append(f"{amp}/{accum}: schedule advanced on skipped steps")
+                failures.append(f"{tag}: schedule advanced on skipped steps")
             if not r["loss"] < 2.3:  # log(10): chance level
-                failures.append(f"{amp}/{accum}: loss {r['loss']:.3f} did not fall")
+                failures.append(f"{tag}: loss {r['loss']:.3f} did not fall")
 
     if not dry:
         overflowing = torch.amp.GradScaler("cuda", init_scale=2.0**40)  # fp16 grads overflow

@@ -199,6 +199,16 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
         help="pin host memory (default: on with GPUs)",
     )
     pin.add_argument("--no-pin-memory", dest="pin_memory", action="store_const", const=False)
+    nhwc = g.add_mutually_exclusive_group()
+    nhwc.add_argument(
+        "--channels-last",
+        dest="channels_last",
+        action="store_const",
+        const=True,
+        default=None,
+        help="NHWC memory format (default: on for convolutional models on image data)",
+    )
+    nhwc.add_argument("--no-channels-last", dest="channels_last", action="store_const", const=False)
 
     g = parser.add_argument_group("model")
     g.add_argument(

@@ -66,6 +66,7 @@ def train_epoch(
     logs: RunLogs | None = None,
     checkpoint: Callable[[int, int, float, int], None] | None = None,
     report_progress: bool = False,
+    channels_last: bool = False,
 ) -> EpochResult:
     """One pass over this rank's shard, from micro-batch ``span[0]`` of ``span[1]``.
 
@@ -98,6 +99,8 @@ def train_epoch(
         )
         with sync_context:
             with autocast(cfg.amp, device):
+                if channels_last:
+                    inputs = inputs.contiguous(memory_format=torch.channels_last)
                 logits = model(inputs)
                 loss = F.cross_entropy(logits.float(), targets)
             loss = _inject_fault(cfg, loss, progress.step + 1, guard.rank)

@@ -47,7 +47,7 @@ from ray_ddp.loaders import make_loaders
 from ray_ddp.models import build_model
 from ray_ddp.numerics import LossGuard
 from ray_ddp.optim import build_optimizer, build_scheduler
-from ray_ddp.precision import grad_scaler
+from ray_ddp.precision import grad_scaler, use_channels_last
 from ray_ddp.run_logs import RunLogs
 from ray_ddp.step_timing import StepTimer
 from ray_ddp.storage import list_checkpoints
@@ -160,6 +160,9 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         check_compatible(state, meta, source or "checkpoint")
         model.load_state_dict(state["model"])
 
+    nhwc = use_channels_last(cfg.channels_last, model, info.input_shape)
+    if nhwc:
+        model = model.to(memory_format=torch.channels_last)
     model = ray.train.torch.prepare_model(model)  # DDP on >1 worker; moved to `device`
     counter: AllReduceCounter | None = None
     if cfg.comm_stats and isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -320,6 +323,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                     logs=logs,
                     checkpoint=mid_epoch_checkpoint,
                     report_progress=is_main and cfg.progress_interval_s > 0,
+                    channels_last=nhwc,
                 )
             except torch.OutOfMemoryError as exc:
                 raise RuntimeError(

@@ -154,6 +154,9 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, referenc
     finally:
         if driver.proc.poll() is None:
             driver.proc.kill()
+    # Rank 0 alone speaks by default (--log-all-ranks is tested in test_training).
+    assert sum(line.startswith("epoch   2/2") for line in driver.lines) == 1
+    assert not any("[rank" in line for line in driver.lines)
     resumed = [line for line in driver.lines if line.startswith("resumed from")]
     assert len(resumed) == 2, resumed
     # Both resumed inside an epoch: from the data position, not the epoch's start.

@@ -244,21 +244,20 @@ def test_imagefolder_files_train_across_workers(ray_session, storage, tmp_path):
 
 
 def test_log_all_ranks_tags_every_rank(ray_session, storage):
-    """Rank 0 only by default; --log-all-ranks shows every rank's lines, tagged."""
+    """--log-all-ranks shows every rank's lines, tagged (rank 0 only, untagged, is the
+    default: test_reliability checks that on its drivers' output)."""
     import subprocess
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     address = ray_session.get_runtime_context().gcs_address
-    common = [sys.executable, os.path.join(root, "jobs", "train.py"), "--address", address,
-              "--epochs", "1", "--train-samples", "512", "--val-samples", "64",
-              "--storage-path", storage, "--no-export"]  # fmt: skip
-    quiet = subprocess.run(common + ["--name", "quiet"], capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
-    loud = subprocess.run(common + ["--name", "loud", "--log-all-ranks"], capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
-    assert quiet.returncode == 0 and loud.returncode == 0, loud.stderr[-2000:]
-    assert quiet.stdout.count("epoch   1/1") == 1 and "[rank" not in quiet.stdout
+    loud = subprocess.run(
+        [sys.executable, os.path.join(root, "jobs", "train.py"), "--address", address,
+         "--epochs", "1", "--train-samples", "512", "--val-samples", "64",
+         "--storage-path", storage, "--no-export", "--name", "loud", "--log-all-ranks"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert loud.returncode == 0, loud.stderr[-2000:]
     assert "[rank 0] epoch   1/1" in loud.stdout and "[rank 1] epoch   1/1" in loud.stdout
 
 
