@@ -113,7 +113,19 @@ def _final_weights(summary_path: str) -> dict[str, torch.Tensor]:
     with open(summary_path) as f:
         summary = json.load(f)
     assert summary["epochs_completed"] == 2
+    print(f"{summary['name']}: fit {summary['wall_s']:.1f} s")  # the cost, with pytest -s
     return load_state(summary["latest_checkpoint"])["model"]
+
+
+def _last_step_before(lines: list[str], marker: str) -> int:
+    """The step of the last "checkpoint: step N" line before the line holding ``marker``."""
+    step = 0
+    for line in lines:
+        if marker in line:
+            return step
+        if line.startswith("checkpoint: step "):
+            step = int(line.split()[2])
+    return step
 
 
 def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
@@ -162,6 +174,10 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, referenc
     # Both resumed inside an epoch: from the data position, not the epoch's start.
     assert all("micro-batches into epoch" in line for line in resumed), resumed
     assert "into epoch 1" in resumed[0] and "into epoch 2" in resumed[1], resumed
+    for line in resumed:  # what each loss cost: steps trained again (at least, at most)
+        done = int(re.search(r"(\d+) steps done", line).group(1))
+        seen = _last_step_before(driver.lines, line)
+        print(f"resumed at step {done}; checkpoint lines had reached step {seen} (+<40)")
     _assert_identical(_final_weights(summary), reference)
 
 
