@@ -48,7 +48,7 @@ class Case:
     accum_mode: str = "no_sync"  # torchrun only: no_sync | every
     baseline: str = "torchrun"
     group: str = "main"
-    channels_last: bool = False  # ray_ddp only: its default; the others are NCHW
+    channels_last: bool = False  # ray_ddp only: NHWC; every other case is NCHW
 
 
 CASES = [
@@ -56,7 +56,7 @@ CASES = [
     Case("ray_ddp", "ray_ddp: jobs/train.py", "ray_ddp", 2),
     Case(
         "ray_ddp_nhwc",
-        "ray_ddp: jobs/train.py, its default channels_last",
+        "ray_ddp: jobs/train.py --channels-last",
         "ray_ddp",
         2,
         channels_last=True,
@@ -162,7 +162,7 @@ def command(case: Case, s: Settings, result: str, storage: str, run_name: str) -
         "--dataset", "synthetic", "--epochs", "1",
         "--num-workers", str(case.workers), "--cpus-per-worker", "1", "--no-gpu",
         "--loader-workers", "0", "--comm-stats", "--no-export", "--no-tensorboard",
-        # The same NCHW work as the other scripts, except in the case that shows the default.
+        # The same NCHW work as the other scripts, except in the case that shows NHWC.
         "--channels-last" if case.channels_last else "--no-channels-last",
         "--storage-path", storage, "--name", run_name, "--summary-json", result,
     ]  # fmt: skip

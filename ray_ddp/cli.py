@@ -206,7 +206,7 @@ def add_training_arguments(parser: argparse.ArgumentParser, sweep: bool = False)
         action="store_const",
         const=True,
         default=None,
-        help="NHWC memory format (default: on for convolutional models on image data)",
+        help="NHWC memory format (default: on for convolutional models on GPU workers)",
     )
     nhwc.add_argument("--no-channels-last", dest="channels_last", action="store_const", const=False)
 

@@ -160,7 +160,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         check_compatible(state, meta, source or "checkpoint")
         model.load_state_dict(state["model"])
 
-    nhwc = use_channels_last(cfg.channels_last, model, info.input_shape)
+    nhwc = use_channels_last(cfg.channels_last, model, info.input_shape, device)
     if nhwc:
         model = model.to(memory_format=torch.channels_last)
     model = ray.train.torch.prepare_model(model)  # DDP on >1 worker; moved to `device`
