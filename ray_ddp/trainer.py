@@ -81,7 +81,22 @@ def connect(address: str | None) -> None:
 
     if ray.is_initialized():
         return
+    if not address and not os.environ.get("RAY_ADDRESS"):
+        for key, value in QUIET_LOCAL_RAY.items():
+            os.environ.setdefault(key, value)  # the user's own setting wins
     ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+
+
+# A Ray started by this process for itself (not a cluster it joins) runs beside the
+# workers on the same cores: the background work that only clusters need is switched off.
+# Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
+# and the first step 2 s sooner (2 runs each). The dashboard stays: Tune's clean-up of
+# placement groups uses its State API.
+QUIET_LOCAL_RAY = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
+    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
+    "RAY_USAGE_STATS_ENABLED": "0",  # usage telemetry at start-up
+}
 
 
 def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
