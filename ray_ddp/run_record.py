@@ -11,11 +11,10 @@ or logged, or that extend it (``--epochs``, ``--max-steps``), may differ freely.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.storage import is_uri, write_bytes
+from ray_ddp.storage import read_text, write_bytes
 
 RECORD_FILE = "ray_ddp_config.json"
 
@@ -54,21 +53,6 @@ def record_path(cfg: TrainConfig) -> str:
     return f"{cfg.storage_path.rstrip('/')}/{cfg.name}/{RECORD_FILE}"
 
 
-def _read(path: str) -> str | None:
-    if not is_uri(path):
-        if not os.path.isfile(path):
-            return None
-        with open(path) as f:
-            return f.read()
-    import pyarrow.fs
-
-    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
-    if fs.get_file_info(inner).type != pyarrow.fs.FileType.File:
-        return None
-    with fs.open_input_stream(inner) as f:
-        return f.read().decode()
-
-
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``--flag OLD -> NEW`` for every field that matters and differs. An unresolved
     value (None, e.g. num_workers before the cluster is known) is not compared."""
@@ -87,7 +71,7 @@ def check_rerun(cfg: TrainConfig) -> None:
     if not cfg.name:
         return
     path = record_path(cfg)
-    text = _read(path)
+    text = read_text(path)
     if text is None:
         return
     try:
@@ -105,13 +89,5 @@ def check_rerun(cfg: TrainConfig) -> None:
 
 
 def write_record(cfg: TrainConfig) -> None:
-    """Record ``cfg`` for the next re-run (written whole, then renamed, when local)."""
-    data = json.dumps(cfg.to_dict(), indent=2, sort_keys=True).encode()
-    path = record_path(cfg)
-    if is_uri(path):
-        write_bytes(path, data)
-        return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "wb") as f:
-        f.write(data)
-    os.replace(path + ".tmp", path)
+    """Record ``cfg`` for the next re-run."""
+    write_bytes(record_path(cfg), json.dumps(cfg.to_dict(), indent=2, sort_keys=True).encode())

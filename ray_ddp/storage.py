@@ -63,13 +63,37 @@ def check_shared_storage(path: str) -> None:
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    """Write a file at a local path or a pyarrow URI (s3://, gs://), parents included."""
+    """Write a file at a local path or a pyarrow URI (s3://, gs://), parents included,
+    completely or not at all: a local file is written beside and renamed (an object
+    store's upload only appears once it is complete)."""
+    if not is_uri(path):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(f"{path}.tmp", "wb") as f:
+            f.write(data)
+        os.replace(f"{path}.tmp", path)
+        return
     import pyarrow.fs
 
-    fs, inner = pyarrow.fs.FileSystem.from_uri(path if is_uri(path) else os.path.abspath(path))
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
     fs.create_dir(os.path.dirname(inner), recursive=True)
     with fs.open_output_stream(inner) as out:
         out.write(data)
+
+
+def read_text(path: str) -> str | None:
+    """A file's text at a local path or a pyarrow URI; None if there is no such file."""
+    if not is_uri(path):
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return f.read()
+    import pyarrow.fs
+
+    fs, inner = pyarrow.fs.FileSystem.from_uri(path)
+    if fs.get_file_info(inner).type != pyarrow.fs.FileType.File:
+        return None
+    with fs.open_input_stream(inner) as f:
+        return f.read().decode()
 
 
 def list_checkpoints(fs, run_dir: str) -> list[str]:

@@ -20,7 +20,7 @@ from ray_ddp.datasets import DatasetInfo, describe_dataset
 from ray_ddp.models import check_model_name
 from ray_ddp.numerics import stop_on_nonfinite_callback
 from ray_ddp.run_record import check_rerun, write_record
-from ray_ddp.storage import check_shared_storage, storage_location
+from ray_ddp.storage import check_shared_storage, storage_location, write_bytes
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -304,10 +304,5 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
 
 
 def write_summary(summary: dict[str, Any], path: str) -> None:
-    """Write JSON completely or not at all."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, path)
+    """Write JSON completely or not at all (a local path or a storage URI)."""
+    write_bytes(path, json.dumps(summary, indent=2).encode())
