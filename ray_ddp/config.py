@@ -1,9 +1,13 @@
-"""The one typed training configuration, and its validation.
+"""The typed configurations of a training run and of a sweep, and their validation.
 
 The driver builds a :class:`TrainConfig` from the command line, validates it once (before
 any Ray work), resolves the "auto" fields against the machine or cluster, and hands it to
 every worker as a plain dict. The worker turns that dict back into a ``TrainConfig`` on its
 first line and uses attributes from then on.
+
+Each field is defined once, here: its flag, help text, limits and whether a re-run may
+change it are all derived from the definition (see ``ray_ddp.flags``). A field's docstring
+is its ``--help`` text, so it is written for the person at the command line.
 
 This module imports neither Ray nor torch, so it is cheap to test and to import.
 """
@@ -13,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from ray_ddp.flags import NON_NEGATIVE, POSITIVE, Bound, first_problem, option
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
@@ -24,76 +30,87 @@ class ConfigError(ValueError):
     """A configuration a person must fix. Its message is one actionable line."""
 
 
+def global_batch(per_worker: int, workers: int, accum: int) -> int:
+    """Samples per optimizer step across the run: every worker's micro-batch, times the
+    micro-batches each optimizer step accumulates."""
+    return per_worker * workers * accum
+
+
 @dataclass
 class TrainConfig:
     """Everything one training run needs. ``None`` means "decide automatically"."""
 
     # --- scaling (who runs) ---
-    num_workers: int | None = None
+    num_workers: int | None = option(None, bound=POSITIVE)
     """Ray training workers (= DDP processes). Auto: one per GPU in the cluster, else 2 CPU
     workers."""
-    cpus_per_worker: float = 1.0
+    cpus_per_worker: float = option(1.0, bound=POSITIVE, resume_safe=True)
     """CPUs reserved per worker (fractions allowed, e.g. to fit a Tune trial's driver
     beside its workers); the worker's torch thread count is its whole part, at least 1."""
-    use_gpu: bool | None = None
-    """True: one GPU per worker (NCCL); False: CPU workers (gloo); None: GPUs if any."""
-    address: str | None = None
+    use_gpu: bool | None = option(None, negative="--no-gpu", resume_safe=True)
+    """One GPU per worker, on NCCL; off: CPU workers on gloo even if GPUs exist.
+    Auto: GPUs if the cluster has them."""
+    address: str | None = option(None, resume_safe=True)
     """Ray cluster address to join (else RAY_ADDRESS, else a local Ray is started)."""
-    placement_strategy: str = "PACK"
+    placement_strategy: str = option(
+        "PACK", choices=PLACEMENT_STRATEGIES, parse=str.upper, resume_safe=True
+    )
     """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
     ``SPREAD`` puts workers on as many nodes as it can."""
-    wait_for_resources: float = 0.0
+    wait_for_resources: float = option(0.0, bound=NON_NEGATIVE, metavar="SECONDS")
     """Seconds to wait for nodes to join when the cluster is smaller than the request (an
     autoscaling cluster). 0: refuse at once, with what was asked and what exists."""
-    max_failures: int = 0
+    max_failures: int = option(
+        0, bound=Bound("must be -1 (no limit) or more", lambda v: v >= -1), resume_safe=True
+    )
     """After a worker or node is lost, restart all workers from the latest checkpoint, up
     to this many times (-1: without limit)."""
 
     # --- optimisation ---
-    epochs: int = 10
+    epochs: int = option(10, bound=POSITIVE, resume_safe=True)
     """Total epochs of the run; a resumed run continues up to this number."""
-    batch_size: int = 64
+    batch_size: int = option(64, bound=POSITIVE)
     """Per-worker micro-batch size (samples per forward pass on one worker)."""
-    accum_steps: int = 1
+    accum_steps: int = option(1, bound=POSITIVE)
     """Micro-batches accumulated per optimizer step. Global batch =
     batch_size x num_workers x accum_steps."""
-    lr: float = 3e-3
+    lr: float = option(3e-3, bound=POSITIVE, sweep=False)
     """Peak learning rate (reached after warm-up, then cosine decay to ``min_lr_ratio``)."""
-    optimizer: str = "adamw"
-    """``adamw`` or ``sgd`` (with Nesterov-free momentum)."""
-    momentum: float = 0.9
+    optimizer: str = option("adamw", choices=OPTIMIZERS)
+    """``adamw``, or ``sgd`` with (non-Nesterov) momentum."""
+    momentum: float = option(0.9, bound=Bound("must be in [0, 1)", lambda v: 0 <= v < 1))
     """SGD momentum (ignored by AdamW)."""
-    weight_decay: float = 0.01
+    weight_decay: float = option(0.01, bound=NON_NEGATIVE)
     """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
-    warmup_steps: int | None = None
+    warmup_steps: int | None = option(None, bound=NON_NEGATIVE)
     """Linear warm-up length in optimizer steps. Auto: 5% of all steps."""
-    min_lr_ratio: float = 0.01
+    min_lr_ratio: float = option(0.01, bound=Bound("must be in [0, 1]", lambda v: 0 <= v <= 1))
     """The cosine schedule ends at ``lr * min_lr_ratio``."""
-    grad_clip: float = 1.0
+    grad_clip: float = option(1.0, bound=NON_NEGATIVE)
     """Clip the global gradient norm to this (after un-scaling under fp16); 0 turns it off."""
-    amp: str = "off"
+    amp: str = option("off", choices=AMP_MODES)
     """Mixed precision: ``off``, ``bf16`` (autocast, no scaler) or ``fp16`` (GPU only,
     autocast + GradScaler)."""
     seed: int = 0
     """One seed for initial weights (identical on every rank), data order and the built-in
     dataset."""
-    max_steps: int | None = None
+    max_steps: int | None = option(None, bound=POSITIVE, resume_safe=True)
     """Stop after this many optimizer steps in total (smoke tests, benchmarks)."""
 
     # --- data ---
-    dataset: str = "synthetic"
+    dataset: str = option("synthetic", choices=DATASETS)
     """``synthetic`` (built in, generated from the seed), ``cifar10``, ``mnist``,
     ``fashion-mnist``, ``imagefolder`` (train/ and val/ class folders) or ``parquet``."""
     data_dir: str | None = None
     """Where the dataset lives (must be readable from every node)."""
-    download: bool = False
+    download: bool = option(False, resume_safe=True)
     """Let torchvision download cifar10/mnist/fashion-mnist into ``data_dir``."""
-    train_samples: int | None = None
+    train_samples: int | None = option(None, bound=POSITIVE)
     """Built-in dataset: samples to generate (default 12000). Others: a seeded random subset
     of this size (default: all)."""
-    val_samples: int | None = None
+    val_samples: int | None = option(None, bound=POSITIVE)
     """Like ``train_samples`` for the validation split (built-in default 2000)."""
-    image_size: int | None = None
+    image_size: int | None = option(None, bound=POSITIVE)
     """Resize images to this square size. Default: native for built-in, CIFAR and MNIST
     data; 32 for ImageFolder and Parquet images."""
     label_column: str = "label"
@@ -104,7 +121,7 @@ class TrainConfig:
     feature_column: str | None = None
     """Parquet: a list<float> feature column to use instead of images (needs ``--model
     mlp``)."""
-    loader_workers: int | None = None
+    loader_workers: int | None = option(None, bound=NON_NEGATIVE, resume_safe=True)
     """DataLoader worker processes per training worker. Auto: 0 for the in-memory built-in
     dataset, else min(4, cpus_per_worker)."""
     channels_last: bool | None = None
@@ -112,7 +129,7 @@ class TrainConfig:
     cores want. Auto: on for convolutional models on image data on GPU workers (ResNet-50
     on an H200 with AMP: about 1.9x the samples/s); off on CPU, where 2 DDP workers of the
     small CNN measured no faster with it."""
-    pin_memory: bool | None = None
+    pin_memory: bool | None = option(None, resume_safe=True)
     """Pin host memory for faster host-to-GPU copies. Auto: on with GPUs."""
 
     # --- model ---
@@ -121,45 +138,53 @@ class TrainConfig:
     (e.g. ``resnet18``), built with the dataset's class count and no pretrained weights."""
 
     # --- output and checkpoints ---
-    storage_path: str = "runs"
+    storage_path: str = option("runs", resume_safe=True)
     """Where runs are stored: a local path (absolute or relative) or a pyarrow URI
     (``s3://``, ``gs://``)."""
-    name: str | None = None
+    name: str | None = option(None, resume_safe=True)
     """Run name. Re-running an existing name resumes it from its latest checkpoint. Auto:
     ``<dataset>-<model>-<timestamp>`` (always a fresh run)."""
-    allow_config_change: bool = False
+    allow_config_change: bool = option(False, resume_safe=True, sweep=False)
     """Let a re-run of an existing ``--name`` continue it with a different training config
-    (model, data, batch, optimizer, ...); refused otherwise (see ``run_record``)."""
-    resume_from: str | None = None
+    (model, data, batch, optimizer, ...); refused otherwise."""
+    resume_from: str | None = option(None, resume_safe=True)
     """Start from this checkpoint directory (weights, optimizer, schedule, progress)."""
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = option(2, bound=POSITIVE, resume_safe=True)
     """How many of the best checkpoints (by validation accuracy) to keep; the latest is
     always kept as well."""
-    checkpoint_every: int | None = None
+    checkpoint_every: int | None = option(
+        None, bound=POSITIVE, resume_safe=True, metavar="STEPS", sweep=False
+    )
     """Also checkpoint every this many optimizer steps inside an epoch, with the data
     position and every rank's RNG, so a lost worker or a re-run resumes mid-epoch exactly
-    where it stopped. Off by default: every epoch's end is checkpointed anyway."""
-    summary_json: str | None = None
+    where it stopped. Off by default: every epoch's end is checkpointed anyway. (Not in
+    sweeps: Tune's schedulers compare trials at epoch ends only.)"""
+    summary_json: str | None = option(None, resume_safe=True)
     """Write the final summary as JSON to this path."""
-    progress_interval_s: float = 30.0
+    progress_interval_s: float = option(30.0, resume_safe=True, cli=False)
     """Seconds between rank 0's in-epoch progress lines (a text bar with loss, speed and
-    ETA); the CLI uses 5 when attached to a terminal. 0 turns them off."""
-    tensorboard: bool = True
-    """Rank 0 writes TensorBoard event files (``<run>/tensorboard``) besides metrics.csv."""
-    log_every_steps: int = 50
+    ETA); the CLI uses 5 when attached to a terminal, 0 in sweeps. 0 turns them off."""
+    tensorboard: bool = option(True, resume_safe=True)
+    """Rank 0 writes TensorBoard event files (``<run>/tensorboard``) besides metrics.csv
+    and curves.png."""
+    log_every_steps: int = option(50, bound=POSITIVE, resume_safe=True)
     """Log the training loss and lr to TensorBoard every this many optimizer steps."""
-    log_all_ranks: bool = False
+    log_all_ranks: bool = option(False, resume_safe=True)
     """Every rank prints its lines (tagged ``[rank N]``), not only rank 0."""
-    export: bool = True
+    export: bool = option(True, resume_safe=True)
     """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
     plain state_dict and a torch.export program."""
-    comm_stats: bool = False
+    comm_stats: bool = option(False, resume_safe=True)
     """Count gradient all-reduces with a DDP communication hook and report them per
     optimizer step (a check that accumulation really skips the all-reduce)."""
 
-    extra: dict[str, Any] = field(default_factory=dict)
-    """Values the driver passes to the workers beyond the flags (``log_prefix``: a Tune
-    trial's tag for its rank-0 lines)."""
+    # --- set by the code, not by flags ---
+    log_prefix: str = option("", resume_safe=True, cli=False)
+    """A Tune trial's tag for its rank-0 lines (trials interleave in one output)."""
+    inject_nan_step: int | None = option(None, resume_safe=True, cli=False)
+    """Testing aid: turn rank ``inject_nan_rank``'s loss at this optimizer step into NaN."""
+    inject_nan_rank: int = option(0, resume_safe=True, cli=False)
+    """Testing aid: the rank whose loss ``inject_nan_step`` turns into NaN."""
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict[str, Any]:
@@ -178,67 +203,19 @@ class TrainConfig:
         """Samples per optimizer step across the whole run (needs a resolved num_workers)."""
         if self.num_workers is None:
             raise ValueError("num_workers is not resolved yet")
-        return self.batch_size * self.num_workers * self.accum_steps
+        return global_batch(self.batch_size, self.num_workers, self.accum_steps)
 
 
 def validate(cfg: TrainConfig) -> None:
     """Refuse values that cannot work, with one line that says what to change.
 
-    Only checks that need nothing but the config live here; the data and the machine are
-    checked by the driver (``ray_ddp.trainer.preflight``).
+    Each field's own limits (choices, bounds) come from its definition; the checks below
+    relate fields to each other. Only checks that need nothing but the config live here;
+    the data and the machine are checked by the driver's preflight.
     """
-
-    def positive(name: str, flag: str) -> None:
-        value = getattr(cfg, name)
-        if value is not None and not value > 0:
-            raise ConfigError(f"{flag} must be positive, got {value}")
-
-    positive("epochs", "--epochs")
-    positive("batch_size", "--batch-size")
-    positive("accum_steps", "--accum-steps")
-    positive("lr", "--lr")
-    positive("num_workers", "--num-workers")
-    positive("cpus_per_worker", "--cpus-per-worker")
-    positive("keep_checkpoints", "--keep-checkpoints")
-    positive("max_steps", "--max-steps")
-    positive("checkpoint_every", "--checkpoint-every")
-    positive("log_every_steps", "--log-every-steps")
-    positive("train_samples", "--train-samples")
-    positive("val_samples", "--val-samples")
-    positive("image_size", "--image-size")
-    for name, flag in (
-        ("weight_decay", "--weight-decay"),
-        ("grad_clip", "--grad-clip"),
-        ("warmup_steps", "--warmup-steps"),
-        ("loader_workers", "--loader-workers"),
-    ):
-        value = getattr(cfg, name)
-        if value is not None and value < 0:
-            raise ConfigError(f"{flag} must be zero or more, got {value}")
-    if cfg.wait_for_resources < 0:
-        raise ConfigError(
-            f"--wait-for-resources must be zero or more, got {cfg.wait_for_resources}"
-        )
-    if not 0 <= cfg.momentum < 1:
-        raise ConfigError(f"--momentum must be in [0, 1), got {cfg.momentum}")
-    if not 0 <= cfg.min_lr_ratio <= 1:
-        raise ConfigError(f"--min-lr-ratio must be in [0, 1], got {cfg.min_lr_ratio}")
-    if cfg.dataset not in DATASETS:
-        raise ConfigError(
-            f"unknown --dataset {cfg.dataset!r}; choose one of: {', '.join(DATASETS)}"
-        )
-    if cfg.amp not in AMP_MODES:
-        raise ConfigError(f"unknown --amp {cfg.amp!r}; choose one of: {', '.join(AMP_MODES)}")
-    if cfg.placement_strategy not in PLACEMENT_STRATEGIES:
-        raise ConfigError(
-            f"unknown --placement-strategy {cfg.placement_strategy!r}; choose PACK or SPREAD"
-        )
-    if cfg.max_failures < -1:
-        raise ConfigError(f"--max-failures must be -1 (no limit) or more, got {cfg.max_failures}")
-    if cfg.optimizer not in OPTIMIZERS:
-        raise ConfigError(
-            f"unknown --optimizer {cfg.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}"
-        )
+    problem = first_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     if cfg.amp == "fp16" and cfg.use_gpu is False:
         raise ConfigError(
             "--amp fp16 needs GPUs (GradScaler is CUDA-only); use --amp bf16 on CPU workers"
@@ -251,3 +228,51 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--name must be a plain directory name, got {cfg.name!r}")
     if not cfg.storage_path:
         raise ConfigError("--storage-path must not be empty")
+
+
+@dataclass
+class SweepConfig:
+    """The search space and the scheduler of a Tune sweep; everything else comes from
+    TrainConfig."""
+
+    # --- search space and scheduler ---
+    lr_min: float = 1e-4
+    """Lower end of the log-uniform learning-rate range."""
+    lr_max: float = 1e-2
+    """Upper end of the log-uniform learning-rate range."""
+    batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128])
+    """Per-worker batch sizes to choose from, comma-separated."""
+    num_samples: int = option(8, bound=POSITIVE)
+    """Trials to run."""
+    max_concurrent_trials: int | None = option(None, bound=POSITIVE)
+    """At most this many trials at once. Auto: as many as the cluster fits."""
+    grace_period: int = 1
+    """ASHA: epochs every trial runs before it can be stopped."""
+    reduction_factor: float = option(2.0, bound=Bound("must be greater than 1", lambda v: v > 1))
+    """ASHA: keep the top 1/reduction_factor of trials at each rung."""
+    early_stop: bool = True
+    """Stop weak trials early with ASHA; off: run every trial to the last epoch."""
+    scale_lr: bool = False
+    """Scale each trial's lr by its global batch / the global batch of --batch-size."""
+    resume: bool = False
+    """Continue the interrupted sweep --name from --storage-path."""
+    trial_cpus: float = option(0.1, cli=False)
+    """CPU share reserved for each trial's driver (Tune rejects 0; Train's controller
+    takes none)."""
+
+
+def validate_sweep(sweep: SweepConfig, cfg: TrainConfig) -> None:
+    """Refuse a sweep that cannot work, with one line that says what to change."""
+    if not 0 < sweep.lr_min <= sweep.lr_max:
+        raise ConfigError(
+            f"need 0 < --lr-min <= --lr-max, got {sweep.lr_min:g} and {sweep.lr_max:g}"
+        )
+    if not sweep.batch_sizes or min(sweep.batch_sizes) <= 0:
+        raise ConfigError("--batch-sizes must be a list of positive integers, e.g. 32,64,128")
+    problem = first_problem(sweep)
+    if problem:
+        raise ConfigError(problem)
+    if not 1 <= sweep.grace_period <= cfg.epochs:
+        raise ConfigError(f"--grace-period must be in 1..--epochs ({cfg.epochs})")
+    if sweep.resume and not cfg.name:
+        raise ConfigError("--resume needs the --name of the sweep to continue")

@@ -1,8 +1,17 @@
+import dataclasses
 import re
 
 import pytest
 
-from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.config import (
+    ConfigError,
+    SweepConfig,
+    TrainConfig,
+    global_batch,
+    validate,
+    validate_sweep,
+)
+from ray_ddp.flags import flag_of
 from ray_ddp.optim import default_warmup, lr_factor
 
 
@@ -49,3 +58,50 @@ def test_warmup_then_cosine():
     assert factors[total] == pytest.approx(0.01)  # floor reached, then flat
     assert factors[-1] == pytest.approx(0.01)
     assert default_warmup(1000) == 50 and default_warmup(3) == 1
+
+
+@pytest.mark.parametrize(
+    "f",
+    [f for f in dataclasses.fields(TrainConfig) if flag_of(f).bound or flag_of(f).choices],
+    ids=lambda f: f.name,
+)
+def test_each_stated_limit_is_refused_naming_the_fields_flag(f):
+    facts = flag_of(f)
+    if facts.choices:
+        value, expected = "bogus", f"unknown --{f.name.replace('_', '-')} 'bogus'; choose one of: "
+    else:
+        value = next(v for v in (-5, -1, 0, 0.5, 1, 2) if not facts.bound.ok(v))
+        expected = f"--{f.name.replace('_', '-')} {facts.bound.text}, got {value}"
+    with pytest.raises(ConfigError) as refused:
+        validate(dataclasses.replace(TrainConfig(), **{f.name: value}))
+    assert str(refused.value).startswith(expected)
+
+
+def test_global_batch_is_one_formula():
+    assert global_batch(64, 2, 3) == 384
+    assert TrainConfig(batch_size=64, num_workers=2, accum_steps=3).global_batch_size == 384
+    with pytest.raises(ValueError, match="num_workers is not resolved"):
+        _ = TrainConfig().global_batch_size
+
+
+def test_default_sweep_is_valid():
+    validate_sweep(SweepConfig(), TrainConfig())
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"lr_min": 0.0}, "need 0 < --lr-min <= --lr-max, got 0 and 0.01"),
+        ({"lr_min": 0.1}, "need 0 < --lr-min <= --lr-max, got 0.1 and 0.01"),
+        ({"batch_sizes": []}, "--batch-sizes must be a list of positive integers"),
+        ({"batch_sizes": [32, 0]}, "--batch-sizes must be a list of positive integers"),
+        ({"num_samples": 0}, "--num-samples must be positive, got 0"),
+        ({"max_concurrent_trials": 0}, "--max-concurrent-trials must be positive"),
+        ({"grace_period": 11}, "--grace-period must be in 1..--epochs (10)"),
+        ({"reduction_factor": 1.0}, "--reduction-factor must be greater than 1"),
+        ({"resume": True}, "--resume needs the --name of the sweep to continue"),
+    ],
+)
+def test_bad_sweeps_are_refused_with_the_flag_named(change, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate_sweep(SweepConfig(**change), TrainConfig())
