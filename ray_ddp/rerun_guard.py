@@ -4,8 +4,9 @@ Re-running a ``--name`` resumes it, which is only right if it is the same traini
 re-run whose flags change what is trained (model, data, batch, optimizer, seed, ...) would
 silently continue someone else's run and mix two configs in one directory. The driver
 refuses that before any Ray work, naming the flags that differ, unless
-``--allow-config-change`` says it is meant. Flags that only change how the run is executed
-or logged, or that extend it (``--epochs``, ``--max-steps``), may differ freely.
+``--allow-config-change`` says it is meant. Fields marked ``resume_safe`` in their
+definition (``ray_ddp.config``) only change how the run is executed or logged, or extend
+it (``--epochs``, ``--max-steps``), and may differ freely.
 """
 
 from __future__ import annotations
@@ -14,39 +15,13 @@ import json
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.flags import flag_name, resume_safe_fields
 from ray_ddp.storage import read_text, write_bytes
 
 RECORD_FILE = "ray_ddp_config.json"
 
 # Fields that may differ between runs of one name: extent, placement, output, logging.
-RESUME_SAFE = frozenset(
-    {
-        "epochs",
-        "max_steps",
-        "address",
-        "use_gpu",
-        "cpus_per_worker",
-        "placement_strategy",
-        "max_failures",
-        "download",
-        "loader_workers",
-        "pin_memory",
-        "storage_path",
-        "name",
-        "resume_from",
-        "keep_checkpoints",
-        "checkpoint_every",
-        "summary_json",
-        "progress_interval_s",
-        "tensorboard",
-        "log_every_steps",
-        "log_all_ranks",
-        "export",
-        "comm_stats",
-        "allow_config_change",
-        "extra",
-    }
-)
+RESUME_SAFE = resume_safe_fields(TrainConfig)
 
 
 def record_path(cfg: TrainConfig) -> str:
@@ -55,14 +30,15 @@ def record_path(cfg: TrainConfig) -> str:
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """``--flag OLD -> NEW`` for every field that matters and differs. An unresolved
-    value (None, e.g. num_workers before the cluster is known) is not compared."""
+    value (None, e.g. num_workers before the cluster is known) is not compared, nor is a
+    field this version no longer has."""
     changes = []
     for key, old in sorted(saved.items()):
         if key in RESUME_SAFE or key not in current:
             continue
         new = current[key]
         if old is not None and new is not None and old != new:
-            changes.append(f"--{key.replace('_', '-')} {old} -> {new}")
+            changes.append(f"{flag_name(key)} {old} -> {new}")
     return changes
 
 
