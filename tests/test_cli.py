@@ -1,27 +1,59 @@
-"""Bad input: exit code 2 and one actionable line, before any training starts."""
+"""The command line: flags generated from the config fields, and exit codes.
+
+Bad input exits 2 with one actionable line, before any training starts (and before Ray).
+"""
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import inspect
 import os
+import re
+import shutil
 import subprocess
 import sys
 import time
+import typing
 
 import pytest
 from formats import write_imagefolder, write_parquet
-from test_checkpoint import _write as write_checkpoint
 
-from ray_ddp.cli import train_main
+from ray_ddp import config
+from ray_ddp.cli import (
+    evaluate_main,
+    evaluate_parser,
+    exit_code,
+    train_main,
+    train_parser,
+    tune_main,
+    tune_parser,
+)
+from ray_ddp.config import SweepConfig, TrainConfig
+from ray_ddp.flags import field_docs, field_groups, flag_of, from_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _bad_inputs(tmp: str) -> list[tuple[list[str], str]]:
-    folder = os.path.join(tmp, "folder")
-    write_imagefolder(folder)
-    import shutil
+def _job(script: str, *argv: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, os.path.join(ROOT, "jobs", script), *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **env},
+    )
 
-    shutil.rmtree(os.path.join(folder, "val"))
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory) -> str:
+    """Data, a checkpoint and two kept runs for the refusals below to be refused about."""
+    from test_checkpoint import _write as write_checkpoint  # here: only these cases need it
+
+    tmp = str(tmp_path_factory.mktemp("inputs"))
+    write_imagefolder(os.path.join(tmp, "folder"))
+    shutil.rmtree(os.path.join(tmp, "folder", "val"))
     write_parquet(os.path.join(tmp, "pq"))
     write_checkpoint(os.path.join(tmp, "ckpt"))
     os.makedirs(os.path.join(tmp, "empty"))
@@ -30,64 +62,123 @@ def _bad_inputs(tmp: str) -> list[tuple[list[str], str]]:
         os.makedirs(os.path.join(tmp, "kept", name))
         with open(os.path.join(tmp, "kept", name, "ray_ddp_config.json"), "w") as f:
             f.write(text)
-    kept = ["--storage-path", os.path.join(tmp, "kept")]
-    return [
-        (["--lr", "0"], "--lr must be positive"),
-        (["--lr", "-1"], "--lr must be positive"),
-        (["--batch-size", "0"], "--batch-size must be positive"),
-        (["--epochs", "0"], "--epochs must be positive"),
-        (["--accum-steps", "-2"], "--accum-steps must be positive"),
-        (["--num-workers", "0"], "--num-workers must be positive"),
-        (["--dataset", "imagenet"], "unknown --dataset 'imagenet'"),
-        (["--model", "resnet9000"], "unknown --model 'resnet9000'"),
-        (["--amp", "fp16", "--no-gpu"], "--amp fp16 needs GPUs"),
-        (["--amp", "fp16"], "--amp fp16 needs GPUs"),
-        (["--amp", "int4"], "unknown --amp 'int4'"),
-        (["--dataset", "cifar10"], "needs --data-dir"),
-        (["--dataset", "cifar10", "--data-dir", os.path.join(tmp, "nope")], "does not exist"),
-        (["--dataset", "mnist", "--data-dir", os.path.join(tmp, "empty")], "pass --download"),
-        (["--dataset", "imagefolder", "--data-dir", folder], "val/ with one sub-folder per class"),
-        (
-            ["--dataset", "parquet", "--data-dir", os.path.join(tmp, "pq"), "--label-column", "y"],
-            "has no column 'y'",
-        ),
-        (["--resume-from", os.path.join(tmp, "empty")], "is not a ray_ddp checkpoint"),
-        (
-            ["--resume-from", os.path.join(tmp, "ckpt"), "--model", "mlp"],
-            "saved with model=small_cnn",
-        ),
-        (
-            ["--num-workers", "2", "--train-samples", "100", "--batch-size", "64"],
-            "larger than a worker's share",
-        ),
-        (["--name", "a/b"], "--name must be a plain directory name"),
-        (["--dataset", "imagefolder", "--data-dir", os.path.join(tmp, "empty")], "train/ with"),
-        (["--dataset", "parquet", "--data-dir", os.path.join(tmp, "empty")], "train.parquet or"),
-        (
-            ["--num-workers", "2", "--train-samples", "400", "--batch-size", "64"]
-            + ["--accum-steps", "8"],
-            "--accum-steps 8 is more than the 3 micro-batches",
-        ),
-        (["--checkpoint-every", "0"], "--checkpoint-every must be positive"),
-        (["--wait-for-resources", "-5"], "--wait-for-resources must be zero or more"),
-        (["--name", "earlier", *kept], "exists with another config (--lr 0.5 -> 0.003)"),
-        (["--name", "garbled", *kept], "is not readable JSON"),
-    ]
+    return tmp
 
 
-def test_bad_inputs_exit_2_with_one_line(tmp_path, capsys):
-    cases = _bad_inputs(str(tmp_path))
-    assert len(cases) >= 20
-    for argv, message in cases:
-        if "--storage-path" not in argv:
-            argv = argv + ["--storage-path", str(tmp_path / "runs")]
-        code = train_main(argv)
-        err = capsys.readouterr().err.strip()
-        assert code == 2, (argv, err)
-        assert err.startswith("error: ") and message in err, (argv, err)
-        assert "\n" not in err, (argv, err)
-    assert not (tmp_path / "runs").exists(), "nothing was written for refused input"
-    assert sorted(os.listdir(tmp_path / "kept" / "earlier")) == ["ray_ddp_config.json"]
+KEPT = ["--storage-path", "{tmp}/kept"]
+BAD_INPUTS = [
+    pytest.param(["--lr", "0"], "--lr must be positive", id="lr-zero"),
+    pytest.param(["--lr", "-1"], "--lr must be positive", id="lr-negative"),
+    pytest.param(["--batch-size", "0"], "--batch-size must be positive", id="batch-size"),
+    pytest.param(["--epochs", "0"], "--epochs must be positive", id="epochs"),
+    pytest.param(["--accum-steps", "-2"], "--accum-steps must be positive", id="accum-steps"),
+    pytest.param(["--num-workers", "0"], "--num-workers must be positive", id="num-workers"),
+    pytest.param(["--dataset", "imagenet"], "unknown --dataset 'imagenet'", id="dataset"),
+    pytest.param(["--model", "resnet9000"], "unknown --model 'resnet9000'", id="model"),
+    pytest.param(["--amp", "fp16", "--no-gpu"], "--amp fp16 needs GPUs", id="fp16-on-cpu"),
+    pytest.param(["--amp", "int4"], "unknown --amp 'int4'", id="amp"),
+    pytest.param(["--optimizer", "lamb"], "unknown --optimizer 'lamb'", id="optimizer"),
+    pytest.param(["--dataset", "cifar10"], "needs --data-dir", id="data-dir-missing"),
+    pytest.param(
+        ["--dataset", "cifar10", "--data-dir", "{tmp}/nope"], "does not exist", id="data-dir-absent"
+    ),
+    pytest.param(
+        ["--dataset", "mnist", "--data-dir", "{tmp}/empty"], "pass --download", id="not-downloaded"
+    ),
+    pytest.param(
+        ["--dataset", "imagefolder", "--data-dir", "{tmp}/folder"],
+        "val/ with one sub-folder per class",
+        id="imagefolder-no-val",
+    ),
+    pytest.param(
+        ["--dataset", "imagefolder", "--data-dir", "{tmp}/empty"],
+        "train/ with",
+        id="imagefolder-empty",
+    ),
+    pytest.param(
+        ["--dataset", "parquet", "--data-dir", "{tmp}/pq", "--label-column", "y"],
+        "has no column 'y'",
+        id="parquet-column",
+    ),
+    pytest.param(
+        ["--dataset", "parquet", "--data-dir", "{tmp}/empty"],
+        "train.parquet or",
+        id="parquet-empty",
+    ),
+    pytest.param(
+        ["--resume-from", "{tmp}/empty"], "is not a ray_ddp checkpoint", id="resume-not-ckpt"
+    ),
+    pytest.param(
+        ["--resume-from", "{tmp}/ckpt", "--model", "mlp"],
+        "saved with model=small_cnn",
+        id="resume-other-model",
+    ),
+    pytest.param(
+        ["--num-workers", "2", "--train-samples", "100", "--batch-size", "64"],
+        "larger than a worker's share",
+        id="batch-over-shard",
+    ),
+    pytest.param(
+        ["--num-workers", "2", "--train-samples", "400", "--batch-size", "64"]
+        + ["--accum-steps", "8"],
+        "--accum-steps 8 is more than the 3 micro-batches",
+        id="accum-over-shard",
+    ),
+    pytest.param(["--name", "a/b"], "--name must be a plain directory name", id="name"),
+    pytest.param(
+        ["--checkpoint-every", "0"], "--checkpoint-every must be positive", id="checkpoint-every"
+    ),
+    pytest.param(
+        ["--wait-for-resources", "-5"],
+        "--wait-for-resources must be zero or more",
+        id="wait-for-resources",
+    ),
+    pytest.param(
+        ["--placement-strategy", "scatter"],
+        "unknown --placement-strategy 'SCATTER'",
+        id="placement-strategy",
+    ),
+    pytest.param(
+        ["--name", "earlier", *KEPT],
+        "exists with another config (--lr 0.5 -> 0.003)",
+        id="rerun-other-config",
+    ),
+    pytest.param(["--name", "garbled", *KEPT], "is not readable JSON", id="rerun-garbled-record"),
+]
+
+
+def _files(root: str) -> list[str]:
+    return sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files)
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUTS)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(
+    argv, message, inputs, tmp_path, capsys
+):
+    argv = [arg.format(tmp=inputs) for arg in argv]
+    runs = tmp_path / "runs"
+    if "--storage-path" not in argv:
+        argv += ["--storage-path", str(runs)]
+    before = _files(inputs)
+    code = train_main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    assert err.startswith("error: ") and message in err, err
+    assert "\n" not in err, err
+    assert not runs.exists(), "nothing is written for refused input"
+    assert _files(inputs) == before  # nor beside the kept runs
+
+
+def test_fp16_is_refused_where_no_gpu_is_visible(tmp_path):
+    """Auto GPU choice, and none visible (whatever this machine has): refused, not run."""
+    proc = _job(
+        "train.py", "--amp", "fp16", "--storage-path", str(tmp_path), CUDA_VISIBLE_DEVICES=""
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "error: --amp fp16 needs GPUs and this machine has none; use --amp bf16 or --amp off"
+    )
+    assert os.listdir(tmp_path) == []
 
 
 @pytest.mark.ray
@@ -111,22 +202,213 @@ def test_requests_the_cluster_cannot_hold_exit_2(ray_session, tmp_path, capsys):
 
 
 def test_the_script_itself_exits_2_before_starting_ray():
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--lr", "-1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _job("train.py", "--lr", "-1")
     assert proc.returncode == 2
     assert proc.stderr.strip() == "error: --lr must be positive, got -1.0"
     assert "Ray" not in proc.stdout + proc.stderr  # refused before any Ray start-up
 
 
 def test_argparse_errors_also_exit_2():
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--epochs", "three"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _job("train.py", "--epochs", "three")
     assert proc.returncode == 2 and "invalid int value: 'three'" in proc.stderr
+    proc = _job("train.py", "--use-gpu", "--no-gpu")
+    assert proc.returncode == 2 and "--no-gpu: not allowed with argument --use-gpu" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- exit codes
+@pytest.mark.parametrize(
+    ("main", "argv", "message"),
+    [
+        (train_main, ["--lr", "-1"], "--lr must be positive, got -1.0"),
+        (tune_main, ["--lr-min", "0"], "need 0 < --lr-min <= --lr-max, got 0 and 0.01"),
+        (tune_main, ["--reduction-factor", "1"], "--reduction-factor must be greater than 1"),
+        (evaluate_main, ["ckpt", "--num-workers", "0"], "--num-workers must be positive, got 0"),
+    ],
+    ids=["train", "tune", "tune-sweep-field", "evaluate"],
+)
+def test_every_entry_point_exits_2_on_bad_input(main, argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("main", [train_main, tune_main, evaluate_main])
+def test_every_entry_point_exits_130_on_ctrl_c(main, monkeypatch, capsys):
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", ctrl_c)
+    assert main(["ckpt"]) == 130
+    assert capsys.readouterr().err == "interrupted\n"
+
+
+def test_exit_codes_of_failed_training_and_of_a_bug(capsys):
+    from ray.train import TrainingFailedError
+
+    def fail(exc: Exception):
+        def job():
+            raise exc
+
+        return job
+
+    assert exit_code(lambda: None) == 0
+    assert exit_code(fail(TrainingFailedError("worker 1 died"))) == 1
+    assert capsys.readouterr().err == "training failed: worker 1 died\n"
+    no_result = fail(RuntimeError("no trial reported a result"))
+    assert exit_code(no_result, failed=(RuntimeError,)) == 1  # how tune_main calls it
+    with pytest.raises(RuntimeError):  # elsewhere a RuntimeError is a bug: its traceback stays
+        exit_code(no_result)
+
+
+def test_ray_log_dedup_is_turned_off_by_running_a_job_not_by_importing(monkeypatch):
+    code = "import os, ray_ddp.cli; print(os.environ.get('RAY_DEDUP_LOGS'))"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_DEDUP_LOGS"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    assert proc.stdout.strip() == "None", proc.stderr
+    monkeypatch.delenv("RAY_DEDUP_LOGS", raising=False)
+    exit_code(lambda: None)
+    assert os.environ["RAY_DEDUP_LOGS"] == "0"
+
+
+@pytest.mark.parametrize("script", ["train.py", "tune.py", "evaluate.py"])
+def test_each_script_has_help(script):
+    proc = _job(script, "--help")
+    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: jobs/{script}")
+
+
+# ----------------------------------------------------------------------------- one source
+def _options(parser: argparse.ArgumentParser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+# The flags as they were before the CLI was generated: the README, cluster.yaml and the
+# benchmarks use these names, so none may change or go.
+TRAIN_FLAGS = {
+    "-h", "--help", "--num-workers", "--cpus-per-worker", "--use-gpu", "--no-gpu", "--address",
+    "--placement-strategy", "--max-failures", "--wait-for-resources", "--epochs",
+    "--batch-size", "--accum-steps", "--lr", "--optimizer", "--momentum", "--weight-decay",
+    "--warmup-steps", "--min-lr-ratio", "--grad-clip", "--amp", "--seed", "--max-steps",
+    "--dataset", "--data-dir", "--download", "--train-samples", "--val-samples", "--image-size",
+    "--label-column", "--image-column", "--feature-column", "--loader-workers", "--pin-memory",
+    "--no-pin-memory", "--channels-last", "--no-channels-last", "--model", "--storage-path",
+    "--name", "--resume-from", "--allow-config-change", "--keep-checkpoints",
+    "--checkpoint-every", "--summary-json", "--no-tensorboard", "--log-every-steps",
+    "--log-all-ranks", "--no-export", "--comm-stats"
+}  # fmt: skip
+SWEEP_FLAGS = {
+    "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
+    "--grace-period", "--reduction-factor", "--no-early-stop", "--scale-lr", "--resume"
+}  # fmt: skip
+EVALUATE_FLAGS = {
+    "-h", "--help", "--split", "--num-workers", "--cpus-per-worker", "--use-gpu", "--no-gpu",
+    "--address", "--data-dir", "--batch-size", "--storage-path", "--predictions",
+    "--summary-json"
+}  # fmt: skip
+
+
+def test_every_flag_keeps_its_name():
+    assert _options(train_parser()) == TRAIN_FLAGS
+    not_swept = {"--lr", "--allow-config-change", "--checkpoint-every"}
+    assert _options(tune_parser()) == (TRAIN_FLAGS - not_swept) | SWEEP_FLAGS
+    assert _options(evaluate_parser()) == EVALUATE_FLAGS
+
+
+def _dashed(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _set_every_field(cls: type, only_swept: bool = False) -> tuple[list[str], dict]:
+    """argv giving every flagged field of ``cls`` a value other than its default, and
+    those values."""
+    hints = typing.get_type_hints(cls)
+    argv, values = [], {}
+    for f in dataclasses.fields(cls):
+        facts = flag_of(f)
+        if not facts.cli or (only_swept and not facts.sweep):
+            continue
+        default = getattr(cls(), f.name)
+        if hints[f.name] is bool and default:
+            argv.append(facts.negative or _dashed("no_" + f.name))
+            values[f.name] = False
+            continue
+        if hints[f.name] in (bool, bool | None):
+            argv.append(_dashed(f.name))
+            values[f.name] = True
+            continue
+        if facts.choices:
+            value = next(c for c in reversed(facts.choices) if c != default)
+        elif hints[f.name] == list[int]:
+            value = [5, 7]
+        elif "str" in str(hints[f.name]):
+            value = f"some-{f.name}"
+        else:  # a number
+            value = (default or 0) + 3
+        argv += [
+            _dashed(f.name),
+            ",".join(map(str, value)) if isinstance(value, list) else str(value),
+        ]
+        values[f.name] = value
+    return argv, values
+
+
+def test_every_train_field_has_a_flag_that_sets_it():
+    argv, values = _set_every_field(TrainConfig)
+    cfg = from_args(TrainConfig, train_parser().parse_args(argv))
+    assert cfg == dataclasses.replace(TrainConfig(), **values)
+    internal = {"progress_interval_s", "log_prefix", "inject_nan_step", "inject_nan_rank"}
+    assert set(values) | internal == {f.name for f in dataclasses.fields(TrainConfig)}
+    # The off switches of the tri-state flags, and a strategy in lower case.
+    args = train_parser().parse_args(
+        ["--no-gpu", "--no-pin-memory", "--no-channels-last", "--placement-strategy", "spread"]
+    )
+    cfg = from_args(TrainConfig, args)
+    assert (cfg.use_gpu, cfg.pin_memory, cfg.channels_last) == (False, False, False)
+    assert cfg.placement_strategy == "SPREAD"
+    assert from_args(TrainConfig, train_parser().parse_args([])) == TrainConfig()
+
+
+def test_every_sweep_field_has_a_flag_that_sets_it():
+    sweep_argv, sweep_values = _set_every_field(SweepConfig)
+    train_argv, train_values = _set_every_field(TrainConfig, only_swept=True)
+    args = tune_parser().parse_args(sweep_argv + train_argv)
+    assert from_args(SweepConfig, args) == dataclasses.replace(SweepConfig(), **sweep_values)
+    assert from_args(TrainConfig, args) == dataclasses.replace(TrainConfig(), **train_values)
+    assert set(sweep_values) | {"trial_cpus"} == {f.name for f in dataclasses.fields(SweepConfig)}
+
+
+def test_evaluate_flags_override_only_what_is_given():
+    args = evaluate_parser().parse_args(["ckpt", "--num-workers", "3", "--no-gpu"])
+    assert (args.checkpoint, args.split, args.num_workers, args.use_gpu) == (
+        "ckpt",
+        "val",
+        3,
+        False,
+    )
+    assert args.batch_size is None and args.storage_path is None  # keep the checkpoint's
+
+
+def _flat(text: str) -> str:
+    return "".join(text.replace("``", "").split())  # argparse re-wraps the lines
+
+
+@pytest.mark.parametrize(
+    ("parser", "cls"), [(train_parser, TrainConfig), (tune_parser, SweepConfig)]
+)
+def test_help_is_the_field_docstrings_in_their_sections(parser, cls):
+    text = parser().format_help()
+    docs, sections = field_docs(cls), field_groups(cls)
+    for f in dataclasses.fields(cls):
+        if flag_of(f).cli:
+            assert _flat(docs[f.name]) in _flat(text), f.name
+            assert f"\n{sections[f.name]}:\n" in text, f.name
+    assert "(default: 64)" in train_parser().format_help()
+    assert _flat("Reference per-worker batch of --scale-lr") in _flat(tune_parser().format_help())
+
+
+def test_every_flag_named_in_config_exists():
+    """Messages and help that name other flags (``--dataset X needs --data-dir``) stay
+    true when a field is renamed."""
+    named = set(re.findall(r"--[a-z][a-z0-9-]+", inspect.getsource(config)))
+    assert named <= _options(train_parser()) | _options(tune_parser())
