@@ -33,16 +33,16 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_ddp.checkpoint import TrainProgress  # noqa: E402
 from ray_ddp.comm_stats import attach_counter  # noqa: E402
 from ray_ddp.config import TrainConfig  # noqa: E402
-from ray_ddp.epoch import train_epoch  # noqa: E402
+from ray_ddp.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.models import build_model  # noqa: E402
-from ray_ddp.numerics import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.optim import build_optimizer, build_scheduler  # noqa: E402
 from ray_ddp.precision import grad_scaler  # noqa: E402
 from ray_ddp.step_timing import StepTimer  # noqa: E402
 from ray_ddp.synthetic_data import make_synthetic  # noqa: E402
+from ray_ddp.train_epoch import EpochPosition, EpochTools, train_epoch  # noqa: E402
+from ray_ddp.train_state import EpochSums, TrainState  # noqa: E402
 
 
 class OnDevice:
@@ -80,7 +80,7 @@ def run(
         num_workers=1,
         lr=3e-3,
         log_every_steps=5,
-        extra={"inject_nan": {"step": nan_at, "rank": 0}} if nan_at else {},
+        inject_nan_step=nan_at,
     )
     torch.manual_seed(0)
     model = build_model("small_cnn", (3, 16, 16), 10).to(device)
@@ -105,26 +105,28 @@ def run(
     steps = -(-batches // accum)
     optimizer = build_optimizer(cfg, model.parameters())
     scheduler = build_scheduler(cfg, optimizer, steps)
-    scaler = scaler or grad_scaler(amp, device)
-    progress = TrainProgress()
-    guard = LossGuard(device, rank=0, check_every=cfg.log_every_steps)
+    state = TrainState(model, optimizer, scheduler, scaler or grad_scaler(amp, device))
+    tools = EpochTools(
+        device,
+        StepTimer(),
+        LossGuard(device, rank=0, check_every=cfg.log_every_steps),
+        channels_last=channels_last,
+    )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    result = train_epoch(
-        cfg, model, loader, optimizer, scheduler, scaler, device, progress, 0,
-        (0, batches), (0.0, 0), timer=StepTimer(), guard=guard, channels_last=channels_last,
-    )  # fmt: skip
+    result = train_epoch(cfg, state, loader, EpochPosition(0, 0, batches), EpochSums(), tools)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started
+    steps_done = state.progress.step
     return {
-        "loss": result.loss_sum / result.seen,
-        "steps": progress.step,
+        "loss": result.sums.loss_sum / result.sums.samples,
+        "steps": steps_done,
         "skipped": result.skipped,
         "schedule_steps": scheduler.last_epoch,
-        "allreduces_per_step": counter.syncs / max(1, progress.step),
-        "samples_per_s": result.seen_now / seconds,
+        "allreduces_per_step": counter.syncs / max(1, steps_done),
+        "samples_per_s": result.samples / seconds,
         "peak_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else 0,
     }
 

@@ -438,10 +438,8 @@ def markdown(
 
 
 def chart(agg: dict, path: str, title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    sys.path.insert(0, ROOT)
+    from ray_ddp.plots import figure, png_bytes  # matplotlib only, no Ray
 
     names = [c.name for c in CASES if c.name in agg]
     labels = [BY_NAME[n].label for n in names]
@@ -450,7 +448,7 @@ def chart(agg: dict, path: str, title: str) -> None:
         ("time_to_first_step_s", "launch → end of first step (s)"),
         ("wall_s", "end-to-end wall (s)"),
     )
-    fig, axes = plt.subplots(1, 3, figsize=(16, 0.45 * len(names) + 1.8), sharey=True)
+    fig, axes = figure(3, (16, 0.45 * len(names) + 1.8), sharey=True)
     colours = {"torchrun": "#4c72b0", "ray_ddp": "#dd8452", "lightning": "#8172b3"}
     colours["single"] = "#55a868"
     for ax, (key, heading) in zip(axes, panels, strict=True):
@@ -475,9 +473,8 @@ def chart(agg: dict, path: str, title: str) -> None:
     axes[0].set_yticks(range(len(names)), labels, fontsize=8)
     axes[0].invert_yaxis()
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with open(path, "wb") as f:
+        f.write(png_bytes(fig, dpi=110))
 
 
 # ----------------------------------------------------------------------------- main

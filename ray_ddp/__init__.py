@@ -1,19 +1,35 @@
 """ray_ddp: distributed PyTorch (DDP) training orchestrated by Ray Train.
 
-Modules, one job each:
-    config         the typed TrainConfig and its validation
-    cli            command-line flags -> TrainConfig, exit codes
-    trainer        the driver: preflight checks, Ray connection, TorchTrainer.fit, summary
-    loop           the per-worker loop (DDP, AMP, accumulation, evaluation, checkpoints)
-    loaders        DataLoaders with the right samplers, prepared by Ray
-    datasets       datasets by name; synthetic_data and parquet_data for two of them
-    models         models by name
-    optim          optimizer and warm-up + cosine schedule
-    precision      autocast and GradScaler
-    evaluation     exact distributed evaluation
-    checkpoint     checkpoint contents, atomic save, weights_only load
+Modules, one job each (the driver's side first, then the workers', then the parts both use):
+    cli            the three entry points (train, tune, evaluate): argv -> exit code
+    flags          command-line flags generated from the config dataclasses
+    config         TrainConfig and SweepConfig: every field, its flag, help and checks
+    preflight      what can be refused without Ray (config, model, data, checkpoint)
+    cluster        connect, size the request against the cluster, shared storage
+    trainer        the TorchTrainer for a run, its fit and its summary
+    tune           Ray Tune sweeps; sweep_results: their table, CSV and plot
+    evaluate_job   jobs/evaluate.py: a checkpoint evaluated by N workers
+    rerun_guard    a re-run of a --name must be the same training
+    train_worker   the per-worker loop: build, restore, wrap, train/evaluate/report
+    train_epoch    one pass over a shard: accumulation with no_sync, AMP, clipping
+    resume         where a worker starts from, and restoring its state
+    worker         who this worker is (ranks, device), rank-0 logging, the rank table
+    collectives    all-gather and summed reductions (single-process safe)
+    train_state    TrainState, TrainProgress, EpochSums: what a step changes
+    checkpoint     what a checkpoint holds, atomic save, weights_only load
+    seeding        every seed a run sets, and why
+    loaders        DataLoaders with resumable, seeded samplers
+    sharded_eval   exact distributed evaluation (every sample counted once)
+    datasets       datasets by name; transforms, parquet_data and synthetic_data beside it
+    models         models by name; memory_format: channels_last or not
+    optim          optimizer and warm-up + cosine schedule; precision: autocast, GradScaler
+    loss_guard     stop on a non-finite loss, naming step and rank
     comm_stats     counting gradient all-reduces
+    step_timing    steady-state step times
+    run_logs       metrics.csv, TensorBoard, curves.png; plots: figures as PNG
     reporting      what gets printed
+    storage        local paths and URIs: atomic writes, reads, checkpoint listing
+    export         the best checkpoint for inference without Ray
 """
 
 __version__ = "0.1.0"

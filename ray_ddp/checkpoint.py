@@ -11,37 +11,21 @@ from __future__ import annotations
 
 import os
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 import torch
 
+from ray_ddp.storage import atomic_path
+from ray_ddp.train_state import EpochSums, TrainState, unwrap
+
 STATE_FILE = "state.pt"
 FORMAT_VERSION = 1
 
 
-@dataclass
-class TrainProgress:
-    """Where training stands; what a resumed run continues from."""
-
-    epoch: int = 0
-    """Epochs completed."""
-    batch: int = 0
-    """Micro-batches of the next epoch already trained: 0 at an epoch boundary, more in a
-    mid-epoch checkpoint (``--checkpoint-every``); a resumed run starts the epoch there."""
-    step: int = 0
-    """Optimizer steps taken."""
-    best_val_acc: float = 0.0
-
-
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used, with the reason."""
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a DDP (or DataParallel-like) wrapper, else the model itself."""
-    return model.module if hasattr(model, "module") else model
 
 
 # ------------------------------------------------------------------ RNG states
@@ -84,38 +68,33 @@ def restore_rng(state: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ save / load
 def save_state(
     directory: str,
+    state: TrainState,
     *,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-    scaler: torch.amp.GradScaler,
-    progress: TrainProgress,
     config: dict[str, Any],
     model_meta: dict[str, Any],
     rng_per_rank: list[dict[str, Any]],
-    epoch_partial: list[tuple[float, int]] | None = None,
+    epoch_partial: list[EpochSums] | None = None,
 ) -> str:
     """Write ``directory/state.pt`` completely or not at all (temp file, then rename).
 
-    ``epoch_partial`` is every rank's (loss sum, samples) of the epoch so far, for a
-    mid-epoch checkpoint, so the resumed epoch reports the same training loss."""
+    ``epoch_partial`` is every rank's sums of the epoch so far, for a mid-epoch
+    checkpoint, so the resumed epoch reports the same training loss."""
     os.makedirs(directory, exist_ok=True)
-    state = {
+    saved = {
         "format_version": FORMAT_VERSION,
-        "model": unwrap(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "scaler": scaler.state_dict(),
-        "progress": asdict(progress),
+        "model": unwrap(state.model).state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "scaler": state.scaler.state_dict(),
+        "progress": asdict(state.progress),
         "config": config,
         "model_meta": model_meta,
         "rng": rng_per_rank,
-        "epoch_partial": [list(p) for p in epoch_partial or []],
+        "epoch_partial": [[s.loss_sum, s.samples] for s in epoch_partial or []],
     }
     path = os.path.join(directory, STATE_FILE)
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(saved, tmp)
     return path
 
 

@@ -9,21 +9,21 @@ datasets inside each worker. Neither imports Ray.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ray_ddp import synthetic_data
+from ray_ddp import parquet_data, synthetic_data
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.models import needs_rgb
-
-# Per-dataset normalisation (channel means/stds of the training sets).
-_CIFAR_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
-_MNIST_STATS = ((0.1307,), (0.3081,))
-_FASHION_STATS = ((0.2860,), (0.3530,))
-_GENERIC_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
-DEFAULT_FILE_IMAGE_SIZE = 32
+from ray_ddp.transforms import (
+    CIFAR_STATS,
+    DEFAULT_FILE_IMAGE_SIZE,
+    FASHION_STATS,
+    MNIST_STATS,
+    DatasetInfo,
+    image_shape,
+    image_transform,
+)
 
 _TORCHVISION_LAYOUT = {
     # dataset -> (folder under data_dir, files that must be there)
@@ -44,25 +44,13 @@ _TORCHVISION_LAYOUT = {
 _TORCHVISION_LAYOUT["fashion-mnist"] = ("FashionMNIST/raw", _TORCHVISION_LAYOUT["mnist"][1])
 
 
-@dataclass(frozen=True)
-class DatasetInfo:
-    """What the model and the driver need to know about a dataset."""
-
-    num_classes: int
-    input_shape: tuple[int, ...]
-    """One sample's shape as the model sees it (after transforms)."""
-    train_size: int | None = None
-    """Samples in the train split, where known without loading it all."""
-    val_size: int | None = None
-
-
 # ---------------------------------------------------------------- driver side
 def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
     """Check that the dataset is there and readable; raise ConfigError otherwise."""
     if cfg.dataset == "synthetic":
         return DatasetInfo(
             synthetic_data.NUM_CLASSES,
-            _image_shape(cfg, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
+            image_shape(cfg, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
             cfg.train_samples or synthetic_data.DEFAULT_TRAIN_SAMPLES,
             cfg.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
         )
@@ -80,7 +68,7 @@ def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
                 f"({', '.join(missing[:3])}...); pass --download to fetch them"
             )
         channels, size = (3, 32) if cfg.dataset == "cifar10" else (1, 28)
-        return DatasetInfo(10, _image_shape(cfg, channels, size))
+        return DatasetInfo(10, image_shape(cfg, channels, size))
     if cfg.dataset == "imagefolder":
         train_classes = _image_folder_classes(os.path.join(cfg.data_dir, "train"))
         val_classes = _image_folder_classes(os.path.join(cfg.data_dir, "val"))
@@ -89,9 +77,7 @@ def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
                 f"imagefolder train/ and val/ have different class folders: "
                 f"{sorted(set(train_classes) ^ set(val_classes))[:5]}"
             )
-        return DatasetInfo(len(train_classes), _image_shape(cfg, 3, DEFAULT_FILE_IMAGE_SIZE))
-    from ray_ddp import parquet_data
-
+        return DatasetInfo(len(train_classes), image_shape(cfg, 3, DEFAULT_FILE_IMAGE_SIZE))
     return parquet_data.describe(cfg)
 
 
@@ -102,13 +88,6 @@ def _image_folder_classes(root: str) -> list[str]:
     if not classes:
         raise ConfigError(f"{root}/ has no class sub-folders (expected {root}/<class>/*.png)")
     return classes
-
-
-def _image_shape(cfg: TrainConfig, channels: int, native_size: int) -> tuple[int, int, int]:
-    if channels == 1 and needs_rgb(cfg.model):
-        channels = 3
-    size = cfg.image_size or native_size
-    return (channels, size, size)
 
 
 # ---------------------------------------------------------------- worker side
@@ -122,18 +101,16 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
             raise ConfigError("--image-size does not apply to the built-in dataset")
         return train, val, info
     if cfg.dataset == "parquet":
-        from ray_ddp import parquet_data
-
-        train, val = parquet_data.load(cfg, info)
+        train, val = parquet_data.load(cfg)
     elif cfg.dataset == "imagefolder":
         import torchvision
 
         root = cfg.data_dir or ""
         train = torchvision.datasets.ImageFolder(
-            os.path.join(root, "train"), transform=_transform(cfg, _GENERIC_STATS, train=augment)
+            os.path.join(root, "train"), transform=image_transform(cfg, train=augment)
         )
         val = torchvision.datasets.ImageFolder(
-            os.path.join(root, "val"), transform=_transform(cfg, _GENERIC_STATS, train=False)
+            os.path.join(root, "val"), transform=image_transform(cfg, train=False)
         )
     else:
         train, val = _torchvision_splits(cfg, augment)
@@ -148,11 +125,11 @@ def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Datas
     import torchvision
 
     if cfg.dataset == "cifar10":
-        cls, stats = _PresenceCheckedCIFAR10(), _CIFAR_STATS
+        cls, stats = _PresenceCheckedCIFAR10(), CIFAR_STATS
     elif cfg.dataset == "mnist":
-        cls, stats = torchvision.datasets.MNIST, _MNIST_STATS
+        cls, stats = torchvision.datasets.MNIST, MNIST_STATS
     else:
-        cls, stats = torchvision.datasets.FashionMNIST, _FASHION_STATS
+        cls, stats = torchvision.datasets.FashionMNIST, FASHION_STATS
     splits = []
     for train in (True, False):
         splits.append(
@@ -160,7 +137,7 @@ def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Datas
                 cfg.data_dir,
                 train=train,
                 download=cfg.download,
-                transform=_transform(cfg, stats, train=train and augment),
+                transform=image_transform(cfg, stats, train=train and augment),
             )
         )
     return splits[0], splits[1]
@@ -189,47 +166,9 @@ def _PresenceCheckedCIFAR10() -> type:  # noqa: N802 - a class factory
     return PresenceCheckedCIFAR10
 
 
-def _transform(cfg: TrainConfig, stats: tuple, train: bool):
-    """PIL image -> normalised tensor; grey repeated to RGB for torchvision models;
-    random crop + flip augmentation for CIFAR-10 and ImageFolder training images."""
-    from torchvision import transforms as T
-
-    steps = []
-    size = cfg.image_size
-    if cfg.dataset in ("imagefolder", "parquet"):
-        size = size or DEFAULT_FILE_IMAGE_SIZE
-        steps.append(T.Lambda(_to_rgb))  # palette / grey / RGBA files alike
-    if size:
-        steps.append(T.Resize((size, size)))
-    mean, std = stats
-    if len(mean) == 1 and needs_rgb(cfg.model):
-        steps.append(T.Grayscale(num_output_channels=3))
-        mean, std = mean * 3, std * 3
-    if train and has_random_transform(cfg):
-        crop = size or 32
-        steps += [T.RandomCrop(crop, padding=crop // 8), T.RandomHorizontalFlip()]
-    steps += [T.ToTensor(), T.Normalize(mean, std)]
-    return T.Compose(steps)
-
-
-def has_random_transform(cfg: TrainConfig) -> bool:
-    """Whether the training transform draws random numbers (crop and flip), i.e. whether
-    exact resume needs each sample's randomness pinned down."""
-    return cfg.dataset in ("cifar10", "imagefolder")
-
-
-def _to_rgb(image):
-    return image.convert("RGB")
-
-
 def _subset(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
     """A seeded random subset (class-balanced in expectation, unlike the first N)."""
     if not limit or limit >= len(dataset):  # type: ignore[arg-type]
         return dataset
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))  # type: ignore[arg-type]
     return Subset(dataset, order[:limit].tolist())
-
-
-def transform_for(cfg: TrainConfig, train: bool):
-    """The image transform a file dataset uses (shared with ``parquet_data``)."""
-    return _transform(cfg, _GENERIC_STATS, train=train)

@@ -18,6 +18,7 @@ import os
 import torch
 
 from ray_ddp.checkpoint import load_model, load_state
+from ray_ddp.storage import atomic_path, is_uri, write_bytes
 
 STATE_DICT_FILE = "model_state_dict.pt"
 PROGRAM_FILE = "model.pt2"
@@ -25,22 +26,25 @@ META_FILE = "model.json"
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str) -> dict[str, str]:
-    """Write the three files into ``out_dir``; returns their paths. The program is written
-    to a temporary name first, so a failed export never leaves a partial file."""
+    """Write the three files into ``out_dir``; returns their paths. Each is written to a
+    temporary name first, so a failed export never leaves a partial file."""
     os.makedirs(out_dir, exist_ok=True)
     meta = load_state(checkpoint_dir)["model_meta"]
     model = load_model(checkpoint_dir)
     files = {"state_dict": STATE_DICT_FILE, "program": PROGRAM_FILE, "meta": META_FILE}
     paths = {name: os.path.join(out_dir, file) for name, file in files.items()}
-    torch.save(model.state_dict(), paths["state_dict"] + ".tmp")
-    os.replace(paths["state_dict"] + ".tmp", paths["state_dict"])
+    with atomic_path(paths["state_dict"]) as tmp:
+        torch.save(model.state_dict(), tmp)
     example = torch.zeros(2, *meta["input_shape"])
     program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim.AUTO},))
-    partial = os.path.join(out_dir, "partial." + PROGRAM_FILE)  # must end in .pt2
-    torch.export.save(program, partial)
-    os.replace(partial, paths["program"])
-    with open(paths["meta"], "w") as f:
-        json.dump({**meta, "source_checkpoint": checkpoint_dir, "input_dtype": "float32"}, f)
+    with atomic_path(paths["program"]) as tmp:  # the temporary name keeps the .pt2 suffix
+        torch.export.save(program, tmp)
+    write_bytes(
+        paths["meta"],
+        json.dumps(
+            {**meta, "source_checkpoint": checkpoint_dir, "input_dtype": "float32"}
+        ).encode(),
+    )
     return paths
 
 
@@ -49,8 +53,6 @@ def export_best(checkpoint_path: str, run_dir: str) -> dict[str, str]:
     import tempfile
 
     import ray.train
-
-    from ray_ddp.storage import is_uri, write_bytes
 
     with ray.train.Checkpoint(checkpoint_path).as_directory() as local_checkpoint:
         if not is_uri(run_dir):

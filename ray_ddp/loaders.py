@@ -22,8 +22,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.datasets import has_random_transform
-from ray_ddp.evaluation import ShardSampler
+from ray_ddp.seeding import sample_seed
+from ray_ddp.sharded_eval import ShardSampler
+from ray_ddp.transforms import has_random_transform
 
 
 class ResumableSampler(DistributedSampler):
@@ -66,7 +67,7 @@ class SeededSamples(Dataset):
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed((self.seed * 1_000_003 + epoch) * 10_000_019 + index)
+            torch.manual_seed(sample_seed(self.seed, epoch, index))
             return self.dataset[index]
 
 

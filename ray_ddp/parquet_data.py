@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.transforms import DEFAULT_FILE_IMAGE_SIZE, DatasetInfo, image_transform
 
 
 def split_path(data_dir: str, split: str) -> str:
@@ -57,9 +58,7 @@ def _input_column(cfg: TrainConfig) -> str:
     return cfg.feature_column or cfg.image_column
 
 
-def describe(cfg: TrainConfig):
-    from ray_ddp.datasets import DEFAULT_FILE_IMAGE_SIZE, DatasetInfo
-
+def describe(cfg: TrainConfig) -> DatasetInfo:
     assert cfg.data_dir is not None
     num_classes = 0
     sizes = []
@@ -109,10 +108,8 @@ def _image_bytes(column: pa.ChunkedArray) -> list[bytes]:
     return column.to_pylist()
 
 
-def load(cfg: TrainConfig, info) -> tuple[Dataset, Dataset]:
+def load(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
     from torch.utils.data import TensorDataset
-
-    from ray_ddp.datasets import transform_for
 
     assert cfg.data_dir is not None
     splits = []
@@ -127,5 +124,5 @@ def load(cfg: TrainConfig, info) -> tuple[Dataset, Dataset]:
             splits.append(TensorDataset(features, labels))
         else:
             images = _image_bytes(table.column(cfg.image_column))
-            splits.append(ParquetImages(images, labels, transform_for(cfg, train=train)))
+            splits.append(ParquetImages(images, labels, image_transform(cfg, train=train)))
     return splits[0], splits[1]

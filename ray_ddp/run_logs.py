@@ -8,11 +8,11 @@ dies loses at most the current epoch's lines. A resumed run appends to the same 
 from __future__ import annotations
 
 import csv
-import io
 import os
 import tempfile
 from typing import Any
 
+from ray_ddp.plots import figure, integer_ticks, png_bytes
 from ray_ddp.storage import is_uri, write_bytes
 
 METRICS_CSV = "metrics.csv"
@@ -98,14 +98,8 @@ def read_metrics(path: str) -> list[dict[str, float]]:
 
 def render_curves(rows: list[dict[str, float]]) -> bytes:
     """Loss (train and validation) and validation accuracy against epoch, as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
     epochs = [r["epoch"] for r in rows]
-    fig, (loss_ax, acc_ax) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (loss_ax, acc_ax) = figure(2, (10, 4))
     loss_ax.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train")
     loss_ax.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="validation")
     loss_ax.set_title("loss")
@@ -123,9 +117,5 @@ def render_curves(rows: list[dict[str, float]]) -> bytes:
     for ax in (loss_ax, acc_ax):
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
+        integer_ticks(ax)
+    return png_bytes(fig)

@@ -1,18 +1,14 @@
-"""Where runs are stored, and whether every node can reach it.
-
-Checkpoints are written by the rank-0 worker, wherever Ray placed it, and read back by
-whichever node a restarted worker lands on; the driver reads the summary. On more than one
-node the storage must therefore be shared: a pyarrow URI (``s3://``, ``gs://``, ...) or a
-path every node sees (an NFS mount). A plain local path is checked for real: the driver
-writes a marker file and a tiny task on every node looks for it.
+"""Where runs are stored (a local path or a pyarrow URI: ``s3://``, ``gs://``), and
+writing and reading files there completely or not at all. (Whether every node of a
+cluster sees the storage is checked by ``cluster.check_shared_storage``.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
-
-from ray_ddp.config import ConfigError
+from collections.abc import Iterator
 
 
 def is_uri(path: str) -> bool:
@@ -26,40 +22,20 @@ def storage_location(path: str) -> str:
     return os.path.abspath(os.path.expanduser(path))
 
 
-def _sees(path: str) -> bool:
-    return os.path.exists(path)
-
-
-def check_shared_storage(path: str) -> None:
-    """Refuse a local ``path`` that some node of a multi-node cluster cannot see."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    if len(nodes) <= 1 or is_uri(path):
-        return
-    os.makedirs(path, exist_ok=True)
-    marker = os.path.join(path, f".ray_ddp_shared_check_{uuid.uuid4().hex}")
-    with open(marker, "w") as f:
-        f.write("visible from every node?\n")
+@contextlib.contextmanager
+def atomic_path(path: str) -> Iterator[str]:
+    """A temporary name beside local ``path`` to write to; renamed over ``path`` only when
+    the block finishes, so ``path`` is never seen half-written (a crash leaves the old
+    file, or none). Parents are created."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    head, tail = os.path.split(path)
+    tmp = os.path.join(head, f".partial.{uuid.uuid4().hex[:8]}.{tail}")  # keeps the suffix
     try:
-        probe = ray.remote(num_cpus=0)(_sees)
-        refs = [
-            probe.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-            ).remote(marker)
-            for n in nodes
-        ]
-        seen = ray.get(refs, timeout=120)
+        yield tmp
+        os.replace(tmp, path)
     finally:
-        os.remove(marker)
-    blind = [n["NodeManagerAddress"] for n, ok in zip(nodes, seen, strict=True) if not ok]
-    if blind:
-        raise ConfigError(
-            f"--storage-path {path} is local to this machine: {len(blind)} of {len(nodes)} "
-            f"nodes ({', '.join(sorted(set(blind))[:3])}) cannot see it; use s3://, gs:// or "
-            "a path mounted on every node"
-        )
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def write_bytes(path: str, data: bytes) -> None:
@@ -67,10 +43,8 @@ def write_bytes(path: str, data: bytes) -> None:
     completely or not at all: a local file is written beside and renamed (an object
     store's upload only appears once it is complete)."""
     if not is_uri(path):
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        with open(f"{path}.tmp", "wb") as f:
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
             f.write(data)
-        os.replace(f"{path}.tmp", path)
         return
     import pyarrow.fs
 

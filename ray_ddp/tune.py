@@ -9,68 +9,15 @@ never wait on each other for resources; a trial that cannot fit at all is refuse
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
 import math
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.storage import check_shared_storage, storage_location, write_bytes
-from ray_ddp.trainer import check_batch_fits, connect, preflight, resolve_scaling
-
-METRIC, MODE = "val_acc", "max"
-
-
-@dataclass
-class SweepConfig:
-    """The search space and the scheduler; everything else comes from TrainConfig."""
-
-    lr_min: float = 1e-4
-    """Lower end of the log-uniform learning-rate range."""
-    lr_max: float = 1e-2
-    """Upper end of the log-uniform learning-rate range."""
-    batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128])
-    """Per-worker batch sizes to choose from."""
-    num_samples: int = 8
-    """Trials to run."""
-    max_concurrent_trials: int | None = None
-    """Upper bound on trials at once; the cluster's capacity bounds it anyway."""
-    grace_period: int = 1
-    """ASHA: epochs every trial runs before it can be stopped."""
-    reduction_factor: float = 2.0
-    """ASHA: keep the top 1/reduction_factor of trials at each rung."""
-    early_stop: bool = True
-    """Use ASHA; False runs every trial to the last epoch."""
-    scale_lr: bool = False
-    """Scale each trial's lr by its global batch / the global batch of --batch-size."""
-    resume: bool = False
-    """Continue the sweep named --name from its storage path."""
-    trial_cpus: float = 0.1
-    """CPU share reserved for each trial's driver (Tune rejects 0; Train's controller
-    takes none)."""
-
-
-def validate_sweep(sweep: SweepConfig, cfg: TrainConfig) -> None:
-    if not 0 < sweep.lr_min <= sweep.lr_max:
-        raise ConfigError(
-            f"need 0 < --lr-min <= --lr-max, got {sweep.lr_min:g} and {sweep.lr_max:g}"
-        )
-    if not sweep.batch_sizes or min(sweep.batch_sizes) <= 0:
-        raise ConfigError("--batch-sizes must be a list of positive integers, e.g. 32,64,128")
-    if sweep.num_samples <= 0:
-        raise ConfigError(f"--num-samples must be positive, got {sweep.num_samples}")
-    if sweep.max_concurrent_trials is not None and sweep.max_concurrent_trials <= 0:
-        raise ConfigError("--max-concurrent-trials must be positive")
-    if not 1 <= sweep.grace_period <= cfg.epochs:
-        raise ConfigError(f"--grace-period must be in 1..--epochs ({cfg.epochs})")
-    if sweep.reduction_factor <= 1:
-        raise ConfigError("--reduction-factor must be greater than 1")
-    if sweep.resume and not cfg.name:
-        raise ConfigError("--resume needs the --name of the sweep to continue")
+from ray_ddp.cluster import prepare_cluster_run
+from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
+from ray_ddp.sweep_results import METRIC, MODE, trial_lr, trial_row, write_outputs
 
 
 def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, float]) -> int:
@@ -92,13 +39,6 @@ def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, 
     return max(1, min(fit, sweep.max_concurrent_trials or fit, sweep.num_samples))
 
 
-def trial_lr(config: dict[str, Any]) -> float:
-    """A trial's peak lr: the sampled one, times its batch / --batch-size with --scale-lr
-    (workers and accumulation are the same in every trial, so that is the global ratio)."""
-    scale = config["batch_size"] / config["train"]["batch_size"] if config["scale_lr"] else 1.0
-    return config["lr"] * scale
-
-
 def _run_trial(config: dict[str, Any]) -> None:
     """One Tune trial: a complete TorchTrainer run with this trial's lr and batch size."""
     import ray.tune
@@ -116,7 +56,7 @@ def _run_trial(config: dict[str, Any]) -> None:
         # name, and Train picks up that run's latest checkpoint instead of starting over.
         name=trial_id,
         storage_path=config["train_storage"],
-        extra={**base.extra, "log_prefix": f"[{trial_id}] "},
+        log_prefix=f"[{trial_id}] ",
     )
     build_trainer(cfg, callbacks=[TuneReportCallback()]).fit()
 
@@ -124,24 +64,16 @@ def _run_trial(config: dict[str, Any]) -> None:
 def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
     validate_sweep(sweep, cfg)
-    info = preflight(cfg)
-    for batch_size in sweep.batch_sizes:
-        check_batch_fits(cfg, info, batch_size)
-    connect(cfg.address)
+    cfg, _ = prepare_cluster_run(cfg, sweep.batch_sizes)
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    cfg = resolve_scaling(cfg)
-    for batch_size in sweep.batch_sizes:  # again, now that num_workers is known
-        check_batch_fits(cfg, info, batch_size)
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
     name = cfg.name or f"sweep-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    storage = storage_location(cfg.storage_path)
-    check_shared_storage(storage)
-    sweep_dir = os.path.join(storage, name)
-    cfg = dataclasses.replace(cfg, name=None, storage_path=storage, summary_json=None)
+    sweep_dir = os.path.join(cfg.storage_path, name)
+    cfg = dataclasses.replace(cfg, name=None, summary_json=None)
 
     trainable = tune.with_resources(_run_trial, {"CPU": sweep.trial_cpus})
     print(
@@ -202,11 +134,11 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
                 # max_concurrent_trials when given a search algorithm instance.
                 search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrency),
             ),
-            run_config=tune.RunConfig(name=name, storage_path=storage, verbose=0),
+            run_config=tune.RunConfig(name=name, storage_path=cfg.storage_path, verbose=0),
         )
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
-    trials = [_trial_row(result, cfg.epochs) for result in grid]
+    trials = [trial_row(result, cfg.epochs) for result in grid]
     trials.sort(key=lambda t: t["trial"])
     finished = [t for t in trials if t["best_val_acc"] is not None]
     if not finished:
@@ -220,117 +152,3 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
         "best": best,
         "trials": trials,
     }
-
-
-def _trial_row(result, epochs: int) -> dict[str, Any]:
-    frame = result.metrics_dataframe
-    config = result.config
-    base = config["train"]
-    row: dict[str, Any] = {
-        "trial": (result.metrics or {}).get("trial_id") or os.path.basename(str(result.path)),
-        "lr": trial_lr(config),
-        "batch_size": config["batch_size"],
-        "global_batch_size": config["batch_size"] * base["num_workers"] * base["accum_steps"],
-        "epochs_run": 0,
-        "best_val_acc": None,
-        "best_val_loss": None,
-        "final_val_acc": None,
-        "status": "error" if result.error else "finished",
-        "best_checkpoint": None,
-        "curve": [],
-    }
-    if frame is None or frame.empty or METRIC not in frame:
-        return row
-    frame = frame.dropna(subset=[METRIC])
-    best_index = frame[METRIC].idxmax()
-    row.update(
-        epochs_run=int(frame["epoch"].max()),
-        best_val_acc=float(frame.loc[best_index, METRIC]),
-        best_val_loss=float(frame.loc[best_index, "val_loss"]),
-        final_val_acc=float(frame[METRIC].iloc[-1]),
-        best_checkpoint=frame.loc[best_index].get("checkpoint_path"),
-        curve=[(int(e), float(a)) for e, a in zip(frame["epoch"], frame[METRIC], strict=True)],
-    )
-    if not result.error and row["epochs_run"] < epochs:
-        row["status"] = "stopped early"
-    return row
-
-
-CSV_FIELDS = (
-    "trial", "lr", "batch_size", "global_batch_size", "epochs_run", "best_val_acc",
-    "best_val_loss", "final_val_acc", "status", "best_checkpoint",
-)  # fmt: skip
-
-
-def write_outputs(sweep_dir: str, trials: list[dict[str, Any]]) -> None:
-    """results.csv and sweep.png in the sweep directory (local path or URI)."""
-    text = io.StringIO()
-    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
-    writer.writeheader()
-    writer.writerows(trials)
-    write_bytes(os.path.join(sweep_dir, "results.csv"), text.getvalue().encode())
-    write_bytes(os.path.join(sweep_dir, "sweep.png"), _plot(trials))
-
-
-def _plot(trials: list[dict[str, Any]]) -> bytes:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    markers = "osD^v<>ph*"
-    for i, batch in enumerate(sorted({t["batch_size"] for t in trials})):
-        group = [t for t in trials if t["batch_size"] == batch and t["best_val_acc"] is not None]
-        left.scatter(
-            [t["lr"] for t in group],
-            [t["best_val_acc"] for t in group],
-            marker=markers[i % len(markers)],
-            s=60,
-            label=f"batch {batch}/worker",
-        )
-    left.set_xscale("log")
-    left.set_xlabel("learning rate (log)")
-    left.set_ylabel(f"best {METRIC}")
-    left.set_title("best validation accuracy by learning rate")
-    left.legend()
-    left.grid(alpha=0.3)
-    for t in trials:
-        if t["curve"]:
-            epochs, accs = zip(*t["curve"], strict=True)
-            style = "--" if t["status"] == "stopped early" else "-"
-            right.plot(epochs, accs, style, marker=".", label=f"{t['trial']} lr={t['lr']:.1e}")
-    from matplotlib.ticker import MaxNLocator
-
-    right.xaxis.set_major_locator(MaxNLocator(integer=True))
-    right.set_xlabel("epoch")
-    right.set_ylabel(METRIC)
-    right.set_title("learning curves (dashed: stopped early)")
-    right.grid(alpha=0.3)
-    right.legend(fontsize=7)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    return buffer.getvalue()
-
-
-def results_table(summary: dict[str, Any]) -> str:
-    lines = [
-        f"{'trial':<8} {'lr':>9} {'batch':>5} {'epochs':>6} {'best val_acc':>12}  status",
-    ]
-    for t in summary["trials"]:
-        acc = f"{100 * t['best_val_acc']:.2f}%" if t["best_val_acc"] is not None else "-"
-        lines.append(
-            f"{t['trial']:<8} {t['lr']:>9.2e} {t['batch_size']:>5} {t['epochs_run']:>6} "
-            f"{acc:>12}  {t['status']}"
-        )
-    best = summary["best"]
-    lines += [
-        f"best: trial {best['trial']}  lr {best['lr']:.3e}  batch {best['batch_size']}/worker "
-        f"(global {best['global_batch_size']})  val_acc {100 * best['best_val_acc']:.2f}%",
-        f"best checkpoint: {best['best_checkpoint']}",
-        f"results: {os.path.join(summary['sweep_dir'], 'results.csv')} and sweep.png; "
-        f"{summary['wall_s']:.0f} s wall",
-    ]
-    return "\n".join(lines)

@@ -11,7 +11,6 @@ import torch
 from ray_ddp.checkpoint import (
     STATE_FILE,
     CheckpointError,
-    TrainProgress,
     capture_rng,
     check_compatible,
     load_model,
@@ -23,6 +22,7 @@ from ray_ddp.config import TrainConfig
 from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import grad_scaler
+from ray_ddp.train_state import TrainProgress, TrainState
 
 META = {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}
 
@@ -35,13 +35,16 @@ def _write(directory: str) -> torch.nn.Module:
     model(torch.randn(4, 3, 16, 16)).sum().backward()
     optimizer.step()
     scheduler.step()
+    state = TrainState(
+        model,
+        optimizer,
+        scheduler,
+        grad_scaler("off", torch.device("cpu")),
+        TrainProgress(epoch=3, step=42, best_val_acc=0.5),
+    )
     save_state(
         directory,
-        model=model,
-        optimizer=optimizer,
-        scheduler=scheduler,
-        scaler=grad_scaler("off", torch.device("cpu")),
-        progress=TrainProgress(epoch=3, step=42, best_val_acc=0.5),
+        state,
         config=cfg.to_dict(),
         model_meta=META,
         rng_per_rank=[capture_rng(), capture_rng()],

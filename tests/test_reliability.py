@@ -159,7 +159,7 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, referenc
         os.kill(pids[1], signal.SIGKILL)
         # Kill 2: rank 0 of the restarted group, in epoch 2.
         pids = _until("the restarted workers", lambda: driver.worker_pids(2), 180, driver)
-        _until("a checkpoint in epoch 2", _mid_epoch_registered(run_dir, 1, first["step"]))
+        second = _until("a checkpoint in epoch 2", _mid_epoch_registered(run_dir, 1, first["step"]))
         os.kill(pids[0], signal.SIGKILL)
         _until("the second restart", lambda: driver.worker_pids(3), 180, driver)
         assert driver.wait() == 0, "\n".join(driver.lines[-30:])
@@ -174,9 +174,14 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, referenc
     # Both resumed inside an epoch: from the data position, not the epoch's start.
     assert all("micro-batches into epoch" in line for line in resumed), resumed
     assert "into epoch 1" in resumed[0] and "into epoch 2" in resumed[1], resumed
-    for line in resumed:  # what each loss cost: steps trained again (at least, at most)
+    for line, registered in zip(resumed, (first, second), strict=True):  # what each loss cost
         done = int(re.search(r"(\d+) steps done", line).group(1))
         seen = _last_step_before(driver.lines, line)
+        # Resumed from a --checkpoint-every 40 checkpoint no older than the one the
+        # controller had registered when the worker was killed, and at most one interval
+        # past the last checkpoint line rank 0 printed: the steps trained again are those
+        # since that checkpoint, fewer than 40 plus Ray's 2 s report poll.
+        assert done % 40 == 0 and registered["step"] <= done <= seen + 40, (done, registered, seen)
         print(f"resumed at step {done}; checkpoint lines had reached step {seen} (+<40)")
     _assert_identical(_final_weights(summary), reference)
 
@@ -220,7 +225,8 @@ def test_a_nan_loss_stops_the_run_naming_step_and_rank(ray_session, tmp_path):
         tensorboard=False,
         storage_path=str(tmp_path),
         name="diverged",
-        extra={"inject_nan": {"step": 27, "rank": 1}},
+        inject_nan_step=27,
+        inject_nan_rank=1,
     )
     started = time.monotonic()
     with pytest.raises(TrainingFailedError) as failure:

@@ -12,8 +12,8 @@ from formats import write_imagefolder
 from ray_ddp.checkpoint import load_model, load_state
 from ray_ddp.config import TrainConfig
 from ray_ddp.datasets import build_datasets
-from ray_ddp.evaluation import evaluate
 from ray_ddp.run_logs import read_metrics
+from ray_ddp.sharded_eval import evaluate
 from ray_ddp.trainer import run_training
 
 pytestmark = pytest.mark.ray
@@ -83,7 +83,9 @@ def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first
     a single-process evaluation of the same weights, every sample counted once."""
     cfg, summary = first_run
     model = load_model(summary["latest_checkpoint"])  # unwrapped: no DDP, no Ray
-    assert not isinstance(model, torch.nn.parallel.DistributedDataParallel)
+    saved = load_state(summary["latest_checkpoint"])["model"]
+    assert not any(key.startswith("module.") for key in saved), "saved without DDP's prefix"
+    assert type(model).__name__ == "SmallCNN" and not model.training
     _, val, _ = build_datasets(cfg)
     loader = torch.utils.data.DataLoader(val, batch_size=50)
     single = evaluate(model, loader, torch.device("cpu"))

@@ -14,8 +14,9 @@ import torch
 
 from ray_ddp.checkpoint import load_model
 from ray_ddp.cli import tune_main
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.tune import SweepConfig, plan_concurrency, run_sweep, trial_lr
+from ray_ddp.config import ConfigError, SweepConfig, TrainConfig
+from ray_ddp.sweep_results import trial_lr
+from ray_ddp.tune import plan_concurrency, run_sweep
 
 pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -1,8 +1,9 @@
-"""Evaluate a checkpoint with N Ray workers (``jobs/evaluate.py``).
+"""``jobs/evaluate.py``: evaluate a checkpoint with N Ray workers.
 
-The same exact distributed evaluation as training (each sample on exactly one rank, sums
-all-reduced), plus per-class counts and, optionally, every sample's prediction written to
-Parquet. The checkpoint may be a local directory or a storage URI.
+The same exact sharded evaluation as training's validation (``sharded_eval``: each
+sample on exactly one rank, sums all-reduced), plus per-class counts and, optionally,
+every sample's prediction written to Parquet. The checkpoint may be a local directory or
+a storage URI.
 """
 
 from __future__ import annotations
@@ -20,83 +21,51 @@ SPLITS = ("val", "train")
 def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     import ray.train
     import ray.train.torch
-    import torch
-    import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.utils.data import DataLoader
 
     from ray_ddp.checkpoint import load_model
     from ray_ddp.datasets import build_datasets
-    from ray_ddp.evaluation import ShardSampler
-    from ray_ddp.loop import quiet_report_lines
-    from ray_ddp.precision import autocast
+    from ray_ddp.sharded_eval import ShardSampler, evaluate
+    from ray_ddp.worker import start_worker
 
-    quiet_report_lines()
     cfg = TrainConfig.from_dict(config["train"])
-    context = ray.train.get_context()
-    rank, world = context.get_world_rank(), context.get_world_size()
-    torch.set_num_threads(max(1, int(cfg.cpus_per_worker)))
-    device = ray.train.torch.get_device()
+    worker = start_worker(cfg.cpus_per_worker)
     with ray.train.Checkpoint(config["checkpoint"]).as_directory() as directory:
-        model = load_model(directory).to(device)
+        model = load_model(directory).to(worker.device)
     train_ds, val_ds, info = build_datasets(dataclasses.replace(cfg, download=False), augment=False)
     dataset = val_ds if config["split"] == "val" else train_ds
+    sampler = ShardSampler(len(dataset), worker.rank, worker.world_size)  # type: ignore[arg-type]
     loader = ray.train.torch.prepare_data_loader(
-        DataLoader(
-            dataset, batch_size=cfg.batch_size, sampler=ShardSampler(len(dataset), rank, world)
-        ),  # type: ignore[arg-type]
+        DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler),
         add_dist_sampler=False,
     )
-    classes = info.num_classes
-    # [loss sum, correct, count, correct per class..., count per class...], one all-reduce.
-    totals = torch.zeros(3 + 2 * classes, dtype=torch.float64, device=device)
-    predictions: list[tuple[int, int, int, float]] = []
-    position = 0
-    with torch.no_grad():
-        for inputs, targets in loader:
-            with autocast(cfg.amp, device):
-                logits = model(inputs)
-            logits = logits.float()
-            predicted = logits.argmax(dim=1)
-            hit = (predicted == targets).double()
-            totals[0] += F.cross_entropy(logits, targets, reduction="sum").double()
-            totals[1] += hit.sum()
-            totals[2] += targets.numel()
-            totals[3 : 3 + classes] += torch.bincount(targets, weights=hit, minlength=classes)
-            totals[3 + classes :] += torch.bincount(targets, minlength=classes).double()
-            if config["predictions"]:
-                confidence = logits.softmax(dim=1).max(dim=1).values
-                for t, p, c in zip(targets.tolist(), predicted.tolist(), confidence.tolist(),
-                                   strict=True):  # fmt: skip
-                    # ShardSampler order: this rank's i-th sample is index rank + i * world.
-                    predictions.append((rank + position * world, t, p, c))
-                    position += 1
-    if world > 1:
-        dist.all_reduce(totals)
-        if config["predictions"]:
-            gathered: list[Any] = [None] * world
-            dist.all_gather_object(gathered, predictions)
-            predictions = [row for part in gathered for row in part]
-    ray.train.report({"count": int(totals[2].item())})
-    if rank != 0:
+    result = evaluate(
+        model,
+        loader,
+        worker.device,
+        cfg.amp,
+        num_classes=info.num_classes,
+        predictions=config["predictions"],
+    )
+    ray.train.report({"count": result.count})
+    if not worker.is_main:
         return None
-    values = totals.tolist()
     names = getattr(getattr(dataset, "dataset", dataset), "classes", None)
     return {
-        "loss": values[0] / values[2],
-        "accuracy": values[1] / values[2],
-        "correct": int(values[1]),
-        "count": int(values[2]),
+        "loss": result.loss,
+        "accuracy": result.accuracy,
+        "correct": result.correct,
+        "count": result.count,
         "per_class": [
             {
                 "class": c,
                 "name": str(names[c]) if names is not None and c < len(names) else str(c),
-                "correct": int(values[3 + c]),
-                "count": int(values[3 + classes + c]),
+                "correct": result.class_correct[c],
+                "count": result.class_count[c],
             }
-            for c in range(classes)
+            for c in range(info.num_classes)
         ],
-        "predictions": sorted(predictions),
+        "predictions": result.predictions,
     }
 
 
@@ -107,8 +76,8 @@ def run_evaluation(
     import ray.train
 
     from ray_ddp.checkpoint import CheckpointError, load_state
-    from ray_ddp.storage import storage_location
-    from ray_ddp.trainer import build_trainer, connect, preflight, resolve_scaling
+    from ray_ddp.cluster import prepare_cluster_run
+    from ray_ddp.trainer import build_trainer
 
     if split not in SPLITS:
         raise ConfigError(f"unknown --split {split!r}; choose val or train")
@@ -126,10 +95,7 @@ def run_evaluation(
         name=f"eval-{time.strftime('%Y%m%d-%H%M%S')}",
         **{k: v for k, v in overrides.items() if v is not None},
     )
-    preflight(cfg)
-    connect(cfg.address)
-    cfg = resolve_scaling(cfg)
-    cfg = dataclasses.replace(cfg, storage_path=storage_location(cfg.storage_path))
+    cfg, _ = prepare_cluster_run(cfg)
     if "://" not in checkpoint:
         checkpoint = os.path.abspath(checkpoint)
     trainer = build_trainer(

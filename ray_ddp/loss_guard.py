@@ -19,9 +19,12 @@ class NonFiniteLossError(FloatingPointError):
 
 
 class LossGuard:
-    def __init__(self, device: torch.device, rank: int, check_every: int) -> None:
+    def __init__(
+        self, device: torch.device, rank: int, check_every: int, eager: bool | None = None
+    ) -> None:
+        """``eager``: check every loss as it comes (default: on CPU, where it is free)."""
         self.rank = rank
-        self.eager = device.type == "cpu"
+        self.eager = device.type == "cpu" if eager is None else eager
         self.check_every = check_every
         self.first_bad = None if self.eager else torch.full((), -1, device=device)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ray_ddp.numerics import LossGuard, NonFiniteLossError, nonfinite_message
+from ray_ddp.loss_guard import LossGuard, NonFiniteLossError, nonfinite_message
 from ray_ddp.optim import optimizer_step
 
 
@@ -49,10 +49,25 @@ def test_the_guard_names_step_and_rank_and_passes_finite_losses():
         guard.observe(torch.tensor(float("inf")), step=7, where="epoch 1, micro-batch 7")
 
 
+def test_the_deferred_guard_reports_the_first_bad_step_only_when_checked():
+    """The GPU path (no host read per micro-step), run on CPU tensors: the first
+    non-finite step is kept on the device and raised at the next check."""
+    guard = LossGuard(torch.device("cpu"), rank=1, check_every=5, eager=False)
+    guard.observe(torch.tensor(0.7), step=1, where="")
+    guard.observe(torch.tensor(float("nan")), step=3, where="")  # recorded, not raised
+    guard.observe(torch.tensor(float("inf")), step=4, where="")  # a later one: ignored
+    guard.maybe_check(4)  # not a check step: still silent
+    with pytest.raises(NonFiniteLossError, match="optimizer step 3 on rank 1"):
+        guard.maybe_check(5)
+    clean = LossGuard(torch.device("cpu"), rank=0, check_every=1, eager=False)
+    clean.observe(torch.tensor(2.0), step=1, where="")
+    clean.check()
+
+
 def test_the_message_is_found_in_a_relayed_traceback():
     relayed = RuntimeError(
         "Traceback (most recent call last):\n  File x\n"
-        "ray_ddp.numerics.NonFiniteLossError: non-finite training loss at optimizer step 4"
+        "ray_ddp.loss_guard.NonFiniteLossError: non-finite training loss at optimizer step 4"
     )
     assert nonfinite_message(relayed) == "non-finite training loss at optimizer step 4"
     assert nonfinite_message(RuntimeError("worker died")) is None

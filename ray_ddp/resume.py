@@ -1,0 +1,97 @@
+"""Where a worker starts from: this run's latest checkpoint, ``--resume-from``, or nothing;
+and putting a checkpoint's state back into the training objects (Ray-aware: it asks Ray
+Train for the run's latest checkpoint)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray.train
+
+from ray_ddp.checkpoint import CheckpointError, load_state, restore_rng
+from ray_ddp.seeding import seed_step_randomness
+from ray_ddp.storage import list_checkpoints
+from ray_ddp.train_state import EpochSums, TrainProgress, TrainState
+from ray_ddp.worker import Worker
+
+
+@dataclass(frozen=True)
+class Restored:
+    state: dict[str, Any]
+    """What ``checkpoint.load_state`` read."""
+    source: str
+    """Where from, for messages."""
+
+
+def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | None:
+    """This run's own latest checkpoint (a re-run of the same name, or Ray restarting
+    workers after a failure) before ``--resume-from``; None for a fresh start.
+
+    A latest checkpoint that cannot be read (truncated, corrupt) is skipped with a warning
+    for the newest older one that can; training never silently starts over."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return Restored(load_state(resume_from), resume_from) if resume_from else None
+    try:
+        return Restored(_read(checkpoint), checkpoint.path)
+    except CheckpointError as exc:
+        worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
+    latest = checkpoint.path.rstrip("/")
+    run_dir = latest.rsplit("/", 1)[0]
+    fs = checkpoint.filesystem  # local or s3/gs alike
+    older = [p for p in list_checkpoints(fs, run_dir) if p < latest]
+    for path in reversed(older):
+        try:
+            state = _read(ray.train.Checkpoint(path, filesystem=fs))
+        except CheckpointError as exc:
+            worker.log(f"warning: {path} is unusable too ({exc})")
+            continue
+        worker.log(f"warning: resuming from the older checkpoint {path}")
+        return Restored(state, path)
+    raise CheckpointError(
+        f"no usable checkpoint in {run_dir}; move the run aside or use a new --name"
+    )
+
+
+def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    with checkpoint.as_directory() as directory:
+        return load_state(directory)
+
+
+def restore_training(
+    restored: Restored | None, state: TrainState, worker: Worker, seed: int
+) -> EpochSums:
+    """Load optimizer, schedule, scaler, progress and this rank's RNG from ``restored``
+    (the weights are loaded before DDP wraps the model). Returns this rank's sums of the
+    epoch's part before a mid-epoch checkpoint (zero at an epoch boundary)."""
+    if restored is None:
+        seed_step_randomness(seed, worker.rank)
+        return EpochSums()
+    saved = restored.state
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    state.scaler.load_state_dict(saved["scaler"])
+    progress = state.progress = TrainProgress(**saved["progress"])
+    saved_world = len(saved["rng"])
+    sums = EpochSums()
+    if saved_world == worker.world_size:
+        restore_rng(saved["rng"][worker.rank])
+        if progress.batch:
+            sums = EpochSums(*saved["epoch_partial"][worker.rank])
+    else:  # a different world size: data order is still exact, dropout RNG is not
+        seed_step_randomness(seed, worker.rank, progress.epoch)
+        if progress.batch:
+            # A mid-epoch position is a position in each rank's shard: with another world
+            # size the shards differ, so the interrupted epoch is started over.
+            worker.log(
+                f"world size changed ({saved_world} -> {worker.world_size}): epoch "
+                f"{progress.epoch + 1} restarts from its first batch"
+            )
+            progress.batch = 0
+    where = f", {progress.batch} micro-batches into epoch {progress.epoch + 1}"
+    worker.log(
+        f"resumed from {restored.source}: {progress.epoch} epochs, {progress.step} steps done"
+        + (where if progress.batch else "")
+    )
+    return sums

@@ -1,0 +1,127 @@
+"""A finished sweep's results: one row per trial, ``results.csv``, ``sweep.png`` and the
+table the driver prints. No Ray: rows are made from Tune's results by ``tune``."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from typing import Any
+
+from ray_ddp.config import global_batch
+from ray_ddp.plots import figure, integer_ticks, png_bytes
+from ray_ddp.storage import write_bytes
+
+METRIC, MODE = "val_acc", "max"
+
+CSV_FIELDS = (
+    "trial", "lr", "batch_size", "global_batch_size", "epochs_run", "best_val_acc",
+    "best_val_loss", "final_val_acc", "status", "best_checkpoint",
+)  # fmt: skip
+
+
+def trial_lr(config: dict[str, Any]) -> float:
+    """A trial's peak lr: the sampled one, times its batch / --batch-size with --scale-lr
+    (workers and accumulation are the same in every trial, so that is the global ratio)."""
+    scale = config["batch_size"] / config["train"]["batch_size"] if config["scale_lr"] else 1.0
+    return config["lr"] * scale
+
+
+def trial_row(result, epochs: int) -> dict[str, Any]:
+    """One trial of a ``ResultGrid``: its hyperparameters, best and final figures, curve."""
+    frame = result.metrics_dataframe
+    config = result.config
+    base = config["train"]
+    row: dict[str, Any] = {
+        "trial": (result.metrics or {}).get("trial_id") or os.path.basename(str(result.path)),
+        "lr": trial_lr(config),
+        "batch_size": config["batch_size"],
+        "global_batch_size": global_batch(
+            config["batch_size"], base["num_workers"], base["accum_steps"]
+        ),
+        "epochs_run": 0,
+        "best_val_acc": None,
+        "best_val_loss": None,
+        "final_val_acc": None,
+        "status": "error" if result.error else "finished",
+        "best_checkpoint": None,
+        "curve": [],
+    }
+    if frame is None or frame.empty or METRIC not in frame:
+        return row
+    frame = frame.dropna(subset=[METRIC])
+    best_index = frame[METRIC].idxmax()
+    row.update(
+        epochs_run=int(frame["epoch"].max()),
+        best_val_acc=float(frame.loc[best_index, METRIC]),
+        best_val_loss=float(frame.loc[best_index, "val_loss"]),
+        final_val_acc=float(frame[METRIC].iloc[-1]),
+        best_checkpoint=frame.loc[best_index].get("checkpoint_path"),
+        curve=[(int(e), float(a)) for e, a in zip(frame["epoch"], frame[METRIC], strict=True)],
+    )
+    if not result.error and row["epochs_run"] < epochs:
+        row["status"] = "stopped early"
+    return row
+
+
+def write_outputs(sweep_dir: str, trials: list[dict[str, Any]]) -> None:
+    """results.csv and sweep.png in the sweep directory (local path or URI)."""
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
+    writer.writeheader()
+    writer.writerows(trials)
+    write_bytes(os.path.join(sweep_dir, "results.csv"), text.getvalue().encode())
+    write_bytes(os.path.join(sweep_dir, "sweep.png"), _plot(trials))
+
+
+def _plot(trials: list[dict[str, Any]]) -> bytes:
+    fig, (left, right) = figure(2, (11, 4.2))
+    markers = "osD^v<>ph*"
+    for i, batch in enumerate(sorted({t["batch_size"] for t in trials})):
+        group = [t for t in trials if t["batch_size"] == batch and t["best_val_acc"] is not None]
+        left.scatter(
+            [t["lr"] for t in group],
+            [t["best_val_acc"] for t in group],
+            marker=markers[i % len(markers)],
+            s=60,
+            label=f"batch {batch}/worker",
+        )
+    left.set_xscale("log")
+    left.set_xlabel("learning rate (log)")
+    left.set_ylabel(f"best {METRIC}")
+    left.set_title("best validation accuracy by learning rate")
+    left.legend()
+    left.grid(alpha=0.3)
+    for t in trials:
+        if t["curve"]:
+            epochs, accs = zip(*t["curve"], strict=True)
+            style = "--" if t["status"] == "stopped early" else "-"
+            right.plot(epochs, accs, style, marker=".", label=f"{t['trial']} lr={t['lr']:.1e}")
+    integer_ticks(right)
+    right.set_xlabel("epoch")
+    right.set_ylabel(METRIC)
+    right.set_title("learning curves (dashed: stopped early)")
+    right.grid(alpha=0.3)
+    right.legend(fontsize=7)
+    return png_bytes(fig)
+
+
+def results_table(summary: dict[str, Any]) -> str:
+    lines = [
+        f"{'trial':<8} {'lr':>9} {'batch':>5} {'epochs':>6} {'best val_acc':>12}  status",
+    ]
+    for t in summary["trials"]:
+        acc = f"{100 * t['best_val_acc']:.2f}%" if t["best_val_acc"] is not None else "-"
+        lines.append(
+            f"{t['trial']:<8} {t['lr']:>9.2e} {t['batch_size']:>5} {t['epochs_run']:>6} "
+            f"{acc:>12}  {t['status']}"
+        )
+    best = summary["best"]
+    lines += [
+        f"best: trial {best['trial']}  lr {best['lr']:.3e}  batch {best['batch_size']}/worker "
+        f"(global {best['global_batch_size']})  val_acc {100 * best['best_val_acc']:.2f}%",
+        f"best checkpoint: {best['best_checkpoint']}",
+        f"results: {os.path.join(summary['sweep_dir'], 'results.csv')} and sweep.png; "
+        f"{summary['wall_s']:.0f} s wall",
+    ]
+    return "\n".join(lines)

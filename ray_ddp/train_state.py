@@ -1,0 +1,52 @@
+"""What training carries from step to step, and what a checkpoint saves of it (no Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands; what a resumed run continues from."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    batch: int = 0
+    """Micro-batches of the next epoch already trained: 0 at an epoch boundary, more in a
+    mid-epoch checkpoint (``--checkpoint-every``); a resumed run starts the epoch there."""
+    step: int = 0
+    """Optimizer steps taken."""
+    best_val_acc: float = 0.0
+
+
+@dataclass
+class EpochSums:
+    """One rank's running sums over the current epoch (a mid-epoch checkpoint keeps them,
+    so the resumed epoch reports the same training loss)."""
+
+    loss_sum: float = 0.0
+    """Sum of per-sample training losses."""
+    samples: int = 0
+
+
+@dataclass
+class TrainState:
+    """The objects an optimizer step changes: everything a checkpoint must hold."""
+
+    model: torch.nn.Module
+    """As trained: wrapped in DDP when there is more than one worker."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    progress: TrainProgress = field(default_factory=TrainProgress)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a DDP (or DataParallel-like) wrapper, else the model itself."""
+    return model.module if hasattr(model, "module") else model

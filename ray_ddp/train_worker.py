@@ -1,0 +1,387 @@
+"""The function Ray Train runs in every worker process: build, restore, wrap, then for
+each epoch train, evaluate, checkpoint and report.
+
+One worker = one DDP process = one GPU (or a CPU slot). Ray has already set up the process
+group (NCCL with GPUs, gloo without) and pinned the worker to its device. Rank 0 alone
+logs and attaches checkpoints; every rank calls ``ray.train.report`` (it is a barrier).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+from torch.utils.data import DataLoader
+
+from ray_ddp import reporting
+from ray_ddp.checkpoint import capture_rng, check_compatible, model_meta, save_state
+from ray_ddp.collectives import all_gather, is_distributed, sum_over_ranks
+from ray_ddp.comm_stats import attach_counter
+from ray_ddp.config import TrainConfig, global_batch
+from ray_ddp.datasets import DatasetInfo, build_datasets
+from ray_ddp.loaders import ResumableSampler, make_loaders
+from ray_ddp.loss_guard import LossGuard
+from ray_ddp.memory_format import use_channels_last
+from ray_ddp.models import build_model
+from ray_ddp.optim import build_optimizer, build_scheduler
+from ray_ddp.precision import grad_scaler
+from ray_ddp.resume import find_restore_point, restore_training
+from ray_ddp.run_logs import RunLogs
+from ray_ddp.seeding import seed_initial_weights
+from ray_ddp.sharded_eval import EvalResult, evaluate
+from ray_ddp.step_timing import StepTimer
+from ray_ddp.train_epoch import EpochPosition, EpochTools, train_epoch
+from ray_ddp.train_state import EpochSums, TrainProgress, TrainState, unwrap
+from ray_ddp.worker import Worker, peak_memory, rank_rows, start_worker
+
+
+@dataclass
+class WorkerData:
+    """This worker's view of the data: loaders over its shard, and their sizes."""
+
+    train_loader: DataLoader
+    train_sampler: ResumableSampler
+    val_loader: DataLoader
+    info: DatasetInfo
+    train_size: int
+    val_size: int
+    batches_per_epoch: int
+    """Micro-batches per epoch on each worker (the sampler pads ranks to equal). Read
+    once, at the start: ``len(train_loader)`` shrinks while a resumed epoch is on."""
+
+
+@dataclass
+class RunSoFar:
+    """What this attempt has done, for the summary the driver prints."""
+
+    history: list[dict[str, Any]] = field(default_factory=list)
+    per_rank: list[dict[str, Any]] = field(default_factory=list)
+    """Every rank's speed and memory in the latest epoch."""
+    train_seconds: float = 0.0
+    samples: int = 0
+
+    def add(self, metrics: dict[str, Any], trained: EpochTrained, per_rank: list[dict]) -> None:
+        self.history.append(metrics)
+        self.per_rank = per_rank
+        self.train_seconds += trained.seconds
+        self.samples += trained.all_trained
+
+    def summary(
+        self, worker: Worker, progress: TrainProgress, ranks: list[dict], timer: StepTimer
+    ) -> dict[str, Any]:
+        """What ``train_loop_per_worker`` returns (Ray hands rank 0's to the driver)."""
+        return {
+            "history": self.history,
+            "train_seconds": self.train_seconds,
+            "samples_seen": self.samples,
+            "epochs_completed": progress.epoch,
+            "steps": progress.step,
+            "world_size": worker.world_size,
+            "device": worker.device.type,
+            "ranks": ranks,
+            "per_rank": self.per_rank,
+            "timing": timer.summary(),
+        }
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    cfg = TrainConfig.from_dict(config)
+    worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+
+    # Build: the data (its size sets the schedule), then the model, identical on all ranks.
+    data = build_worker_data(cfg, worker)
+    seed_initial_weights(cfg.seed)
+    model = build_model(cfg.model, data.info.input_shape, data.info.num_classes)
+    meta = model_meta(cfg.model, data.info.num_classes, data.info.input_shape)
+
+    # Restore: the weights before DDP broadcasts rank 0's, the rest once it all exists.
+    restored = find_restore_point(cfg.resume_from, worker)
+    if restored is not None:
+        check_compatible(restored.state, meta, restored.source)
+        model.load_state_dict(restored.state["model"])
+    channels_last = use_channels_last(
+        cfg.channels_last, model, data.info.input_shape, worker.device
+    )
+    state = build_train_state(cfg, worker, wrap_model(model, channels_last), data)
+    partial = restore_training(restored, state, worker, cfg.seed)
+    counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
+
+    ranks = rank_rows(worker)
+    announce(cfg, worker, data, ranks)
+    tools = epoch_tools(cfg, worker, channels_last)
+    run = RunSoFar()
+    progress = state.progress
+    if progress.epoch >= cfg.epochs or _max_steps_reached(cfg, progress.step):
+        worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
+    try:
+        for epoch in range(progress.epoch, cfg.epochs):
+            if _max_steps_reached(cfg, progress.step):
+                break
+            steps_before, syncs_before = progress.step, counter.syncs if counter else 0
+            trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
+            partial = EpochSums()
+            evaluated = evaluate(unwrap(state.model), data.val_loader, worker.device, cfg.amp)
+            progress.epoch = epoch + 1
+            progress.best_val_acc = max(progress.best_val_acc, evaluated.accuracy)
+            metrics = epoch_metrics(state, trained, evaluated)
+            if counter is not None:
+                steps = max(1, progress.step - steps_before)
+                metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / steps
+            speed = trained.own_trained / trained.seconds
+            per_rank = checkpoint_and_report(cfg, worker, state, meta, metrics, EpochSums(), speed)
+            worker.log(reporting.epoch_line(metrics, cfg.epochs))
+            worker.log(reporting.worker_table(per_rank))
+            if tools.logs is not None:
+                tools.logs.epoch(metrics, per_rank)
+            run.add(metrics, trained, per_rank)
+    finally:
+        if tools.logs is not None:
+            tools.logs.close()  # flushes TensorBoard, renders curves.png from metrics.csv
+    return run.summary(worker, progress, ranks, tools.timer)
+
+
+# ---------------------------------------------------------------------------- build
+def build_worker_data(cfg: TrainConfig, worker: Worker) -> WorkerData:
+    if cfg.download:
+        # One download per node (by its local rank 0), not one per worker racing on the
+        # same files; everyone else waits, then reads what is on disk.
+        if worker.local_rank == 0:
+            build_datasets(cfg)
+        if is_distributed():
+            torch.distributed.barrier()
+    train_ds, val_ds, info = build_datasets(dataclasses.replace(cfg, download=False))
+    train_loader, train_sampler, val_loader = make_loaders(
+        cfg, train_ds, val_ds, worker.rank, worker.world_size, worker.device
+    )
+    return WorkerData(
+        train_loader,
+        train_sampler,
+        val_loader,
+        info,
+        train_size=len(train_ds),  # type: ignore[arg-type]
+        val_size=len(val_ds),  # type: ignore[arg-type]
+        batches_per_epoch=len(train_loader),  # the sampler is at batch 0 here
+    )
+
+
+def wrap_model(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
+    """NHWC if asked, then DDP (with more than one worker) on this worker's device."""
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    return ray.train.torch.prepare_model(model)
+
+
+def build_train_state(
+    cfg: TrainConfig, worker: Worker, model: torch.nn.Module, data: WorkerData
+) -> TrainState:
+    """Optimizer, warm-up + cosine schedule over the run's optimizer steps, GradScaler."""
+    steps_per_epoch = math.ceil(data.batches_per_epoch / cfg.accum_steps)
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    optimizer = build_optimizer(cfg, model.parameters())
+    return TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(cfg, optimizer, total_steps),
+        scaler=grad_scaler(cfg.amp, worker.device),
+    )
+
+
+def epoch_tools(cfg: TrainConfig, worker: Worker, channels_last: bool) -> EpochTools:
+    """The step timer, the loss guard, and on rank 0 the run logs and progress lines."""
+    logs = None
+    if worker.is_main:
+        logs = RunLogs(os.path.join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
+    return EpochTools(
+        device=worker.device,
+        timer=StepTimer(),
+        guard=LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps),
+        logs=logs,
+        show_progress=worker.is_main and cfg.progress_interval_s > 0,
+        channels_last=channels_last,
+    )
+
+
+def announce(cfg: TrainConfig, worker: Worker, data: WorkerData, ranks: list[dict]) -> None:
+    """The rank table, the batch arithmetic and the data sizes, once, from rank 0."""
+    worker.log(reporting.rank_table(ranks))
+    worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, cfg.accum_steps))
+    steps = math.ceil(data.batches_per_epoch / cfg.accum_steps)
+    worker.log(
+        f"data: {cfg.dataset}, {data.train_size} train / {data.val_size} val samples, "
+        f"{data.info.num_classes} classes; {data.batches_per_epoch} micro-batches and "
+        f"{steps} optimizer steps per epoch per worker"
+    )
+
+
+# ---------------------------------------------------------------------------- train
+@dataclass(frozen=True)
+class EpochTrained:
+    """One epoch's training, summed over all ranks where it says so."""
+
+    loss_sum: float
+    """All ranks: sum of per-sample losses over the whole epoch."""
+    samples: int
+    """All ranks: samples of the whole epoch (a resumed epoch's first part included)."""
+    all_trained: int
+    """All ranks: samples trained by this attempt (for speed)."""
+    own_trained: int
+    """This rank's samples trained by this attempt."""
+    skipped: int
+    """This rank's skipped fp16 steps."""
+    seconds: float
+
+
+def train_one_epoch(
+    cfg: TrainConfig,
+    worker: Worker,
+    state: TrainState,
+    data: WorkerData,
+    tools: EpochTools,
+    sums: EpochSums,
+    meta: dict[str, Any],
+) -> EpochTrained:
+    """Epoch ``state.progress.epoch`` from ``progress.batch`` on, with a mid-epoch
+    checkpoint every ``--checkpoint-every`` optimizer steps."""
+    progress = state.progress
+    position = EpochPosition(progress.epoch, progress.batch, data.batches_per_epoch)
+    progress.batch = 0
+    started = time.perf_counter()
+    trained = skipped = 0
+    while True:
+        # A new, reproducible shuffle every epoch, from where a checkpoint left it.
+        data.train_sampler.set_position(position.epoch, position.batch)
+        try:
+            segment = train_epoch(cfg, state, data.train_loader, position, sums, tools)
+        except torch.OutOfMemoryError as exc:
+            batch = global_batch(cfg.batch_size, worker.world_size, cfg.accum_steps)
+            raise RuntimeError(
+                f"out of memory on rank {worker.rank} ({worker.device}) with --batch-size "
+                f"{cfg.batch_size} per worker: lower --batch-size and raise --accum-steps to "
+                f"keep the global batch of {batch}"
+            ) from exc
+        sums, trained, skipped = segment.sums, trained + segment.samples, skipped + segment.skipped
+        if not segment.checkpoint_due:
+            break
+        position = segment.end
+        write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums)
+    seconds = time.perf_counter() - started
+    totals = sum_over_ranks(
+        {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}, worker.device
+    )
+    return EpochTrained(
+        totals["loss_sum"],
+        int(totals["samples"]),
+        int(totals["trained"]),
+        trained,
+        skipped,
+        seconds,
+    )
+
+
+def epoch_metrics(
+    state: TrainState, trained: EpochTrained, evaluated: EvalResult
+) -> dict[str, Any]:
+    """What an epoch reports to Ray, prints and logs (validation sums are exact)."""
+    metrics: dict[str, Any] = {
+        "epoch": state.progress.epoch,
+        "step": state.progress.step,
+        "train_loss": trained.loss_sum / max(1.0, trained.samples),
+        "val_loss": evaluated.loss,
+        "val_acc": evaluated.accuracy,
+        "val_correct": evaluated.correct,
+        "val_count": evaluated.count,
+        "lr": state.lr,
+        "samples_per_s": trained.all_trained / trained.seconds,
+        "epoch_s": trained.seconds,
+    }
+    if state.scaler.is_enabled():
+        metrics["amp_skipped_steps"] = trained.skipped
+    return metrics
+
+
+def _max_steps_reached(cfg: TrainConfig, step: int) -> bool:
+    return bool(cfg.max_steps) and step >= cfg.max_steps  # type: ignore[operator]
+
+
+# ---------------------------------------------------------------------------- checkpoints
+def write_mid_epoch_checkpoint(
+    cfg: TrainConfig,
+    worker: Worker,
+    state: TrainState,
+    meta: dict[str, Any],
+    position: EpochPosition,
+    sums: EpochSums,
+) -> None:
+    progress = state.progress
+    progress.batch = position.batch
+    metrics = {
+        "epoch": progress.epoch,
+        "step": progress.step,
+        "batch": position.batch,
+        "mid_epoch": True,
+        # Not validated. Scored below every epoch checkpoint (so Ray keeps it only while it
+        # is the latest); not NaN, which Ray's saved state turns to null.
+        "val_acc": -1.0,
+        "lr": state.lr,
+    }
+    checkpoint_and_report(cfg, worker, state, meta, metrics, sums)
+    progress.batch = 0
+    worker.log(
+        f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, micro-batch "
+        f"{position.batch}/{position.batches})"
+    )
+
+
+def checkpoint_and_report(
+    cfg: TrainConfig,
+    worker: Worker,
+    state: TrainState,
+    meta: dict[str, Any],
+    metrics: dict[str, Any],
+    sums: EpochSums,
+    samples_per_s: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
+    at this optimizer-step boundary. Returns every rank's speed and memory."""
+    peak_mb, memory_kind = peak_memory(worker.device)
+    stats = {
+        "rank": worker.rank,
+        "samples_per_s": samples_per_s,
+        "peak_memory_mb": peak_mb,
+        "memory_kind": memory_kind,
+    }
+    # One collective for all of it: every rank's RNG and partial sums (for the checkpoint)
+    # and its speed and memory (for the balance table).
+    gathered = all_gather({"rng": capture_rng(), "sums": sums, "stats": stats})
+    per_rank = [g["stats"] for g in gathered]
+    if not metrics.get("mid_epoch"):
+        metrics.update(reporting.balance(per_rank))
+    if not worker.is_main:
+        ray.train.report(metrics)
+        return per_rank
+    directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
+    try:
+        save_state(
+            directory,
+            state,
+            config=cfg.to_dict(),
+            model_meta=meta,
+            rng_per_rank=[g["rng"] for g in gathered],
+            epoch_partial=[g["sums"] for g in gathered],
+        )
+        # SYNC upload (the default): the checkpoint is in storage when report returns.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return per_rank
