@@ -1,4 +1,9 @@
-"""Shared fixtures. One real local Ray instance per test session (start-up is paid once)."""
+"""Shared fixtures. One real local Ray instance for the whole test session.
+
+Modules that need a cluster of their own (several simulated nodes, a token-auth head, a
+benchmark that starts its own Ray) are marked ``own_cluster`` and run after all the
+others, so the shared instance starts once and is stopped once, before them.
+"""
 
 from __future__ import annotations
 
@@ -10,24 +15,35 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+# Ray reads this once, on import: every worker prints the same rank-table header and
+# restart lines, which deduplication would fold away (the entry points set it too).
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-@pytest.fixture(scope="module")
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests with their own Ray cluster last (a stable sort keeps the order otherwise)."""
+    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is not None)
+
+
+@pytest.fixture(scope="session")
 def ray_session():
-    """A real local Ray with 2 CPUs, shared by every test that trains: started by the
-    first module that needs it and kept for the next ones (start-up is paid once), unless a
-    module that builds its own cluster (multi-node tests) shut it down in between."""
+    """A real local Ray with 2 CPUs, shared by every test that trains."""
     import ray
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, logging_level="WARNING")
-    return ray
+    yield ray
+    ray.shutdown()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _shutdown_ray_at_the_end():
-    yield
+@pytest.fixture(scope="module")
+def no_shared_ray():
+    """For a module that starts its own cluster: the shared instance must not run beside
+    it (one Ray per machine), and runs last (see ``pytest_collection_modifyitems``)."""
     import ray
 
+    ray.shutdown()
+    yield
     ray.shutdown()
 
 

@@ -14,18 +14,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
 
-@pytest.fixture
-def no_ray_in_this_process():
-    """jobs/train.py starts its own local Ray (as a user's run does): the shared test
-    instance must not be running beside it (two Ray instances on one machine)."""
-    import ray
-
-    ray.shutdown()
-    yield
-
-
 @pytest.mark.ray
-def test_quick_benchmark_smallest_case(tmp_path, no_ray_in_this_process):
+@pytest.mark.own_cluster  # jobs/train.py starts its own local Ray, as a user's run does
+def test_quick_benchmark_smallest_case(tmp_path, no_shared_ray):
     out = tmp_path / "results"
     proc = subprocess.run(
         [sys.executable, os.path.join(BENCH, "run.py"), "--quick", "--only", "torchrun,ray_ddp",

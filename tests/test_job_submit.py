@@ -15,7 +15,7 @@ import urllib.request
 
 import pytest
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 
@@ -27,12 +27,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def head():
+def head(no_shared_ray):
     """A head started with `ray start --head --block` (its processes end with it), with
     token auth; always stopped, whatever the test did."""
-    import ray
-
-    ray.shutdown()  # one Ray cluster on this machine at a time
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
     port, dashboard = _free_port(), _free_port()

@@ -12,16 +12,15 @@ import pytest
 from ray_ddp.config import TrainConfig
 from ray_ddp.trainer import run_training
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(no_shared_ray):
     """A head and two worker nodes with 1 CPU each; the module's own Ray connection."""
     import ray
     from ray.cluster_utils import Cluster
 
-    ray.shutdown()  # the shared single-node instance, if an earlier module started it
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
     nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
     cluster.wait_for_nodes()
