@@ -148,6 +148,9 @@ def main() -> None:
                 **timer.figures(args.batch_size * accum),
             },
         )
+    # Every rank leaves together: a rank that tears its gloo group down while another is
+    # still connected can abort ("terminate called without an active exception").
+    dist.barrier()
     dist.destroy_process_group()
 
 

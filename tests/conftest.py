@@ -15,9 +15,17 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from ray_ddp.cluster import QUIET_LOCAL_RAY  # noqa: E402 - after the path is set
+
 # Ray reads this once, on import: every worker prints the same rank-table header and
 # restart lines, which deduplication would fold away (the entry points set it too).
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# The Ray the tests start is a local one, like the one jobs/train.py starts for itself:
+# the same quiet settings (cluster.QUIET_LOCAL_RAY). And the Train controller polls its
+# workers every 0.5 s instead of 2 s: a finished run is noticed sooner. Measured on 2
+# cores, a 1-epoch run: 9.5 s instead of 14 s, over ~30 runs in the suite.
+os.environ.update(QUIET_LOCAL_RAY)
+os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
