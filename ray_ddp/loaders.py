@@ -54,8 +54,13 @@ class ResumableSampler(DistributedSampler):
 
 
 class SeededSamples(Dataset):
-    """Fetches ``(epoch, index)`` with the global torch RNG seeded from (seed, epoch,
-    index) for the sample's transform, and restored afterwards."""
+    """Fetches ``(epoch, index)`` with torch's CPU generator, which torchvision's random
+    transforms draw from, seeded from (seed, epoch, index), and restored afterwards.
+
+    Only the CPU generator: with ``--loader-workers 0`` this runs in the training process,
+    where ``torch.manual_seed`` would also reseed every GPU's generator, which
+    ``fork_rng(devices=[])`` does not restore: dropout on the device would then follow the
+    last sample of each batch."""
 
     def __init__(self, dataset: Dataset, seed: int):
         self.dataset = dataset
@@ -66,9 +71,13 @@ class SeededSamples(Dataset):
 
     def __getitem__(self, key: tuple[int, int]) -> Any:
         epoch, index = key
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(sample_seed(self.seed, epoch, index))
+        cpu = torch.default_generator
+        saved = cpu.get_state()
+        cpu.manual_seed(sample_seed(self.seed, epoch, index))
+        try:
             return self.dataset[index]
+        finally:
+            cpu.set_state(saved)
 
 
 def loader_workers(cfg: TrainConfig) -> int:

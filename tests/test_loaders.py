@@ -1,11 +1,22 @@
-"""The resumable sampler and per-sample seeded augmentation behind exact mid-epoch resume."""
+"""The resumable sampler and per-sample seeded augmentation behind exact mid-epoch resume,
+and the seeds every stream of a run is drawn from."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
+import pytest
 import torch
+from formats import write_imagefolder
 from torch.utils.data import DataLoader, Dataset
 
+from ray_ddp.config import TrainConfig
+from ray_ddp.datasets import build_datasets
 from ray_ddp.loaders import ResumableSampler, SeededSamples
+from ray_ddp.seeding import sample_seed, seed_step_randomness
+
+LARGE_SEED = 2**62
 
 
 class Noisy(Dataset):
@@ -51,3 +62,72 @@ def test_iterating_does_not_draw_from_the_global_rng():
     torch.manual_seed(0)
     _batches(0, epoch=0, workers=0)
     assert torch.equal(torch.rand(3), expected)
+
+
+# ----------------------------------------------------------------------------- seeds
+def _draws() -> tuple:
+    return torch.rand(2).tolist(), random.random(), float(np.random.random_sample())
+
+
+def test_step_randomness_seeds_torch_python_and_numpy_per_rank():
+    seed_step_randomness(LARGE_SEED, rank=1, epoch=3)
+    drawn = _draws()
+    random.seed(9), np.random.seed(9), torch.manual_seed(9)  # whatever came before
+    seed_step_randomness(LARGE_SEED, rank=1, epoch=3)
+    assert _draws() == drawn
+    for other in ({"rank": 0, "epoch": 3}, {"rank": 1, "epoch": 4}):
+        seed_step_randomness(LARGE_SEED, **other)
+        assert all(a != b for a, b in zip(_draws(), drawn, strict=True)), other
+
+
+@pytest.mark.parametrize("seed", [0, 1_844_666, LARGE_SEED, 2**63 - 1])
+def test_sample_seeds_are_seeds_torch_takes(seed):
+    keys = [(epoch, index) for epoch in (0, 1, 10**6) for index in (0, 1, 10**9)]
+    seeds = [sample_seed(seed, epoch, index) for epoch, index in keys]
+    assert all(0 <= s < 2**64 for s in seeds)
+    # torch's generators keep a seed's low 32 bits: those must differ per sample.
+    assert len({s & 0xFFFFFFFF for s in seeds}) == len(keys)
+    torch.Generator().manual_seed(max(seeds))
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> str:
+    root = str(tmp_path_factory.mktemp("images"))
+    write_imagefolder(root, train=4, val=1)
+    return root
+
+
+def _augmented(folder: str, seed: int) -> SeededSamples:
+    cfg = TrainConfig(dataset="imagefolder", data_dir=folder, seed=seed)
+    train, _, _ = build_datasets(cfg)
+    return SeededSamples(train, seed)
+
+
+def test_a_large_seed_augments_real_images(folder):
+    """A --seed of 1,844,666 or more used to overflow torch's 64-bit seed."""
+    samples = _augmented(folder, LARGE_SEED)
+    first = [samples[(0, i)][0] for i in range(len(samples))]
+    torch.manual_seed(123)  # the global RNG does not matter
+    assert all(torch.equal(samples[(0, i)][0], x) for i, x in enumerate(first))
+    later = [samples[(1, i)][0] for i in range(len(samples))]
+    assert not all(torch.equal(a, b) for a, b in zip(first, later, strict=True))
+
+
+def _gpu_generators() -> list:
+    """The GPUs' RNG states, or while CUDA is not started (this machine), the seeds queued
+    for it: ``torch.manual_seed`` queues one that CUDA applies when it starts."""
+    if torch.cuda.is_initialized():
+        return [torch.cuda.get_rng_state(i).tolist() for i in range(torch.cuda.device_count())]
+    return list(torch.cuda._lazy_seed_tracker.get_calls())
+
+
+def test_fetching_a_sample_leaves_the_gpu_generators_alone(folder):
+    """With --loader-workers 0 samples are fetched in the training process: seeding one
+    must not reseed the generators GPU dropout draws from."""
+    samples = _augmented(folder, seed=3)
+    expected = samples[(2, 5)][0]
+    torch.manual_seed(11)  # as seed_step_randomness does
+    gpu, cpu = _gpu_generators(), torch.get_rng_state()
+    assert torch.equal(samples[(2, 5)][0], expected)
+    assert _gpu_generators() == gpu
+    assert torch.equal(torch.get_rng_state(), cpu)
