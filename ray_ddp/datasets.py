@@ -1,14 +1,17 @@
 """Datasets by name: the built-in one, torchvision's CIFAR-10 / MNIST / Fashion-MNIST,
 an ImageFolder tree and Parquet files.
 
-``describe_dataset`` is the cheap driver-side check (files exist, class counts, shapes)
-run before any Ray work; ``build_datasets`` constructs the real train and validation
-datasets inside each worker. Neither imports Ray.
+``describe_dataset`` is the cheap driver-side check (files exist, class counts, shapes,
+how many samples each split has) run before any Ray work; ``build_datasets`` constructs
+the real train and validation datasets inside each worker. Neither imports Ray.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import pickle
+import struct
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -42,12 +45,44 @@ _TORCHVISION_LAYOUT = {
     ),
 }
 _TORCHVISION_LAYOUT["fashion-mnist"] = ("FashionMNIST/raw", _TORCHVISION_LAYOUT["mnist"][1])
+# (train, test) samples of the published datasets: what --download will fetch.
+_PUBLISHED_SIZES = {
+    "cifar10": (50_000, 10_000),
+    "mnist": (60_000, 10_000),
+    "fashion-mnist": (60_000, 10_000),
+}
 
 
 # ---------------------------------------------------------------- driver side
 def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
-    """Check that the dataset is there and readable; raise ConfigError otherwise."""
+    """Check that the dataset is there and readable, and count each split's samples
+    (after ``--train-samples``/``--val-samples``); raise ConfigError otherwise."""
+    info = _describe(cfg)
     if cfg.dataset == "synthetic":
+        return info  # generated: the sample counts are what it is asked for
+    if cfg.dataset in _TORCHVISION_LAYOUT:
+        train_size, val_size = _torchvision_sizes(cfg)
+    elif cfg.dataset == "imagefolder":
+        train_size, val_size = (_image_folder_size(cfg.data_dir or "", s) for s in ("train", "val"))
+    else:
+        train_size, val_size = info.train_size, info.val_size
+    return dataclasses.replace(
+        info,
+        train_size=_limited(train_size, cfg.train_samples),
+        val_size=_limited(val_size, cfg.val_samples),
+    )
+
+
+def _limited(size: int | None, limit: int | None) -> int | None:
+    """A split's size after a --train-samples/--val-samples subset (see ``_subset``)."""
+    return min(size, limit) if size is not None and limit else size
+
+
+def _describe(cfg: TrainConfig) -> DatasetInfo:
+    """Classes and shapes; sample counts only where they come free."""
+    if cfg.dataset == "synthetic":
+        if cfg.image_size and cfg.image_size != synthetic_data.IMAGE_SIZE:
+            raise ConfigError("--image-size does not apply to the built-in dataset")
         return DatasetInfo(
             synthetic_data.NUM_CLASSES,
             image_shape(cfg, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
@@ -90,15 +125,61 @@ def _image_folder_classes(root: str) -> list[str]:
     return classes
 
 
+def _image_folder_size(data_dir: str, split: str) -> int:
+    """The images torchvision's ImageFolder will find: its own listing, so the count is
+    exactly its length (files by extension, class folders walked recursively)."""
+    from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
+
+    root = os.path.join(data_dir, split)
+    classes = _image_folder_classes(root)
+    try:
+        found = make_dataset(root, {c: i for i, c in enumerate(classes)}, IMG_EXTENSIONS)
+    except FileNotFoundError as exc:  # a class folder without images
+        raise ConfigError(f"imagefolder {root}/: {exc}") from exc
+    return len(found)
+
+
+def _torchvision_sizes(cfg: TrainConfig) -> tuple[int, int]:
+    """(train, test) samples, read from the files: the IDX headers hold MNIST's counts,
+    CIFAR-10's batches are unpickled (a CIFAR-format subset can have any size)."""
+    folder, files = _TORCHVISION_LAYOUT[cfg.dataset]
+    folder = os.path.join(cfg.data_dir or "", folder)
+    if not all(os.path.isfile(os.path.join(folder, f)) for f in files):
+        return _PUBLISHED_SIZES[cfg.dataset]  # --download fetches them all (else refused)
+    if cfg.dataset == "cifar10":
+        train = sum(_cifar_batch_size(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6))
+        return train, _cifar_batch_size(os.path.join(folder, "test_batch"))
+    return tuple(  # type: ignore[return-value]
+        _idx_count(os.path.join(folder, f"{prefix}-images-idx3-ubyte"))
+        for prefix in ("train", "t10k")
+    )
+
+
+def _idx_count(path: str) -> int:
+    """An IDX image file's sample count, from its header (magic 0x803: uint8, 3-d)."""
+    with open(path, "rb") as f:
+        header = f.read(8)
+    if len(header) < 8 or struct.unpack(">I", header[:4])[0] != 0x803:
+        raise ConfigError(f"{path} is not an IDX image file (uncompressed, as MNIST's)")
+    return struct.unpack(">I", header[4:])[0]
+
+
+def _cifar_batch_size(path: str) -> int:
+    try:
+        with open(path, "rb") as f:
+            entry = pickle.load(f, encoding="latin1")
+        return len(entry["data"])
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as exc:
+        raise ConfigError(f"cannot read the CIFAR-10 batch {path}: {exc!r}") from exc
+
+
 # ---------------------------------------------------------------- worker side
 def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset, DatasetInfo]:
     """The train and validation datasets, as tensors-producing torch Datasets.
     ``augment=False`` gives the train split the evaluation transform (for evaluating on it)."""
-    info = describe_dataset(cfg)
+    info = _describe(cfg)  # the sizes: those of the datasets built here
     if cfg.dataset == "synthetic":
         train, val = synthetic_data.make_synthetic(cfg.seed, cfg.train_samples, cfg.val_samples)
-        if cfg.image_size and cfg.image_size != synthetic_data.IMAGE_SIZE:
-            raise ConfigError("--image-size does not apply to the built-in dataset")
         return train, val, info
     if cfg.dataset == "parquet":
         train, val = parquet_data.load(cfg)
@@ -114,11 +195,12 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
         )
     else:
         train, val = _torchvision_splits(cfg, augment)
-    return (
+    train, val = (
         _subset(train, cfg.train_samples, cfg.seed),
         _subset(val, cfg.val_samples, cfg.seed),
-        info,
     )
+    sizes = {"train_size": len(train), "val_size": len(val)}  # type: ignore[arg-type]
+    return train, val, dataclasses.replace(info, **sizes)
 
 
 def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Dataset]:

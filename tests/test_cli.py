@@ -17,7 +17,7 @@ import time
 import typing
 
 import pytest
-from formats import write_imagefolder, write_parquet
+from formats import write_cifar10, write_imagefolder, write_parquet
 
 from ray_ddp import config
 from ray_ddp.cli import (
@@ -55,6 +55,8 @@ def inputs(tmp_path_factory) -> str:
     write_imagefolder(os.path.join(tmp, "folder"))
     shutil.rmtree(os.path.join(tmp, "folder", "val"))
     write_parquet(os.path.join(tmp, "pq"))
+    write_cifar10(os.path.join(tmp, "cifar"), per_batch=20)  # 100 training images
+    write_imagefolder(os.path.join(tmp, "images"))  # 24 training images
     write_checkpoint(os.path.join(tmp, "ckpt"))
     os.makedirs(os.path.join(tmp, "empty"))
     # A run started with another learning rate, and a run record that is not JSON.
@@ -117,6 +119,23 @@ BAD_INPUTS = [
         ["--num-workers", "2", "--train-samples", "100", "--batch-size", "64"],
         "larger than a worker's share",
         id="batch-over-shard",
+    ),
+    pytest.param(
+        ["--dataset", "cifar10", "--data-dir", "{tmp}/cifar", "--num-workers", "2"]
+        + ["--train-samples", "64", "--batch-size", "64"],
+        "larger than a worker's share of the 64 training samples (32)",
+        id="cifar10-batch-over-shard",
+    ),
+    pytest.param(
+        ["--dataset", "imagefolder", "--data-dir", "{tmp}/images", "--num-workers", "2"]
+        + ["--batch-size", "16"],
+        "larger than a worker's share of the 24 training samples (12)",
+        id="imagefolder-batch-over-shard",
+    ),
+    pytest.param(
+        ["--image-size", "32"],
+        "--image-size does not apply to the built-in dataset",
+        id="builtin-image-size",
     ),
     pytest.param(
         ["--num-workers", "2", "--train-samples", "400", "--batch-size", "64"]

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 from formats import write_cifar10, write_imagefolder, write_mnist, write_parquet
+from PIL import Image
 
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.datasets import build_datasets, describe_dataset
@@ -123,3 +126,55 @@ def test_subset_is_seeded_and_sized(tmp_path):
     again, _, _ = build_datasets(cfg)
     assert (len(train), len(val)) == (5, 3)
     assert np.array_equal(train.indices, again.indices)
+
+
+# ------------------------------------------------------------- sizes known at preflight
+def _write(dataset: str, root: str) -> None:
+    if dataset == "cifar10":
+        write_cifar10(root, per_batch=6, test=5)
+    elif dataset in ("mnist", "fashion-mnist"):
+        write_mnist(root, folder="MNIST" if dataset == "mnist" else "FashionMNIST")
+    elif dataset == "imagefolder":
+        write_imagefolder(root, train=5, val=2)
+        # ImageFolder takes images by extension, in nested folders too; nothing else.
+        os.makedirs(os.path.join(root, "train", "dog", "more"))
+        Image.new("RGB", (20, 20)).save(os.path.join(root, "train", "dog", "more", "x.JPEG"))
+        with open(os.path.join(root, "train", "cat", "notes.txt"), "w") as f:
+            f.write("not an image")
+    else:
+        write_parquet(root, train=40, val=11)
+
+
+@pytest.mark.parametrize("limits", [(None, None), (7, 2), (1000, 1000)], ids=str)
+@pytest.mark.parametrize("dataset", ["cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet"])
+def test_every_dataset_knows_its_sizes_before_loading(tmp_path, dataset, limits):
+    """The driver checks the batch against them: each equals the loaded split's length."""
+    _write(dataset, str(tmp_path))
+    cfg = TrainConfig(
+        dataset=dataset, data_dir=str(tmp_path), train_samples=limits[0], val_samples=limits[1]
+    )
+    info = describe_dataset(cfg)
+    train, val, built = build_datasets(cfg)
+    assert (info.train_size, info.val_size) == (len(train), len(val))
+    assert (built.train_size, built.val_size) == (len(train), len(val))
+
+
+def test_a_download_counts_the_published_sizes(tmp_path):
+    cfg = TrainConfig(dataset="cifar10", data_dir=str(tmp_path), download=True, val_samples=500)
+    info = describe_dataset(cfg)  # downloads nothing: the workers do
+    assert (info.train_size, info.val_size) == (50_000, 500)
+    assert os.listdir(tmp_path) == []
+
+
+def test_unreadable_files_are_refused_with_their_path(tmp_path):
+    write_mnist(str(tmp_path))
+    path = os.path.join(tmp_path, "MNIST", "raw", "t10k-images-idx3-ubyte")
+    with open(path, "wb") as f:
+        f.write(b"\x1f\x8b gzip, not IDX")
+    with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte is not an IDX image file"):
+        describe_dataset(TrainConfig(dataset="mnist", data_dir=str(tmp_path)))
+    write_imagefolder(str(tmp_path / "folder"))
+    for name in os.listdir(tmp_path / "folder" / "val" / "owl"):
+        os.remove(tmp_path / "folder" / "val" / "owl" / name)
+    with pytest.raises(ConfigError, match="Found no valid file for the classes owl"):
+        describe_dataset(TrainConfig(dataset="imagefolder", data_dir=str(tmp_path / "folder")))
