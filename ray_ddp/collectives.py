@@ -42,3 +42,10 @@ def sum_over_ranks(
     if is_distributed():
         dist.all_reduce(totals)
     return dict(zip(names, totals.tolist(), strict=True))
+
+
+def broadcast_buffers(module: torch.nn.Module, src: int = 0) -> None:
+    """Every rank takes rank ``src``'s buffers (BatchNorm running statistics)."""
+    if is_distributed():
+        for buffer in module.buffers():
+            dist.broadcast(buffer, src)

@@ -34,6 +34,11 @@ class ResumableSampler(DistributedSampler):
 
     def __init__(self, dataset: Dataset, *, batch_size: int, tag_epoch: bool, **kwargs: Any):
         super().__init__(dataset, **kwargs)
+        if batch_size > 1 and self.num_samples % batch_size == 1:
+            # A last micro-batch of one sample cannot train a BatchNorm layer (its batch
+            # statistics need two): every rank takes one more sample, repeated.
+            self.num_samples += 1
+            self.total_size = self.num_samples * self.num_replicas
         self.batch_size = batch_size
         self.tag_epoch = tag_epoch
         self.start_batch = 0
@@ -104,9 +109,11 @@ def make_loaders(
     }
     # Our own DistributedSampler (Ray would add one with seed 0): the data order follows
     # --seed, changes every epoch through set_epoch, and is the same on a re-run.
-    # drop_last=False on the sampler pads ranks to equal length, so every rank runs the
-    # same number of steps (a rank with fewer would hang the others in all-reduce);
-    # drop_last=True on the loader keeps every micro-batch full-size.
+    # drop_last=False on the sampler pads ranks to equal length (repeating at most
+    # world_size - 1 samples), so every rank runs the same number of steps (a rank with
+    # fewer would hang the others in all-reduce); drop_last=False on the loader trains
+    # every sample every epoch, the last micro-batch being smaller (train_epoch weighs it
+    # by its size).
     augmented = has_random_transform(cfg)
     train_sampler = ResumableSampler(
         train_ds,
@@ -121,7 +128,7 @@ def make_loaders(
         SeededSamples(train_ds, cfg.seed) if augmented else train_ds,
         batch_size=cfg.batch_size,
         sampler=train_sampler,
-        drop_last=True,
+        drop_last=False,
         generator=torch.Generator().manual_seed(cfg.seed),
         **common,
     )

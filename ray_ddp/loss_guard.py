@@ -60,19 +60,3 @@ def nonfinite_message(error: BaseException) -> str | None:
         if f"{NonFiniteLossError.__name__}: " in line:
             return line.split(f"{NonFiniteLossError.__name__}: ", 1)[1]
     return None
-
-
-def stop_on_nonfinite_callback():
-    """A Ray Train callback (runs in the controller) that ends the run when a worker
-    reports a non-finite loss, whatever ``--max-failures`` allows: restarted from the last
-    checkpoint, the same data and weights diverge again, so a retry only wastes time."""
-    from ray.train import UserCallback
-
-    class StopOnNonFiniteLoss(UserCallback):
-        def after_exception(self, run_context, worker_exceptions) -> None:
-            for error in worker_exceptions.values():
-                message = nonfinite_message(error)
-                if message:
-                    raise NonFiniteLossError(message)
-
-    return StopOnNonFiniteLoss()

@@ -69,3 +69,42 @@ def optimizer_step(
     if applied:
         scheduler.step()
     return applied
+
+
+def set_schedule_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:
+    """Put the schedule at optimizer step ``step`` (steps the schedule has counted) and
+    set every group's lr from it: what ``step`` calls of ``scheduler.step()`` would."""
+    scheduler.last_epoch = step
+    lrs = [base * f(step) for base, f in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)]
+    for group, lr in zip(scheduler.optimizer.param_groups, lrs, strict=True):
+        group["lr"] = lr
+    scheduler._last_lr = lrs  # what get_last_lr() returns
+
+
+def apply_hyperparameters(
+    cfg: TrainConfig,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LambdaLR,
+) -> list[str]:
+    """After loading a checkpoint's optimizer and schedule: the configured peak lr,
+    weight decay and momentum replace the saved ones (``load_state_dict`` restores a
+    param group's hyperparameters with its state). Returns ``name old -> new`` for each
+    value that changed, for the resume line."""
+    changes = []
+    wanted = {"weight_decay": cfg.weight_decay}
+    if cfg.optimizer == "sgd":
+        wanted["momentum"] = cfg.momentum
+    for key, value in wanted.items():
+        old = optimizer.param_groups[0].get(key)
+        if old is not None and old != value:
+            changes.append(f"{key.replace('_', ' ')} {old:g} -> {value:g}")
+        for group in optimizer.param_groups:
+            group[key] = value
+    old_lr = scheduler.base_lrs[0]
+    if old_lr != cfg.lr:
+        changes.append(f"peak lr {old_lr:g} -> {cfg.lr:g}")
+    scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
+    for group in optimizer.param_groups:
+        group["initial_lr"] = cfg.lr
+    set_schedule_step(scheduler, scheduler.last_epoch)
+    return changes

@@ -63,7 +63,7 @@ def check_batch_fits(cfg: TrainConfig, info: DatasetInfo, batch_size: int) -> No
             f"--batch-size {batch_size} (per worker) is larger than a worker's "
             f"share of the {info.train_size} training samples ({shard}); lower it"
         )
-    batches = shard // batch_size
+    batches = -(-shard // batch_size)  # the last micro-batch may be short
     if cfg.accum_steps > batches:
         raise ConfigError(
             f"--accum-steps {cfg.accum_steps} is more than the {batches} micro-batches of "

@@ -10,6 +10,8 @@ from typing import Any
 import ray.train
 
 from ray_ddp.checkpoint import CheckpointError, load_state, restore_rng
+from ray_ddp.config import TrainConfig
+from ray_ddp.optim import apply_hyperparameters, set_schedule_step
 from ray_ddp.seeding import seed_step_randomness
 from ray_ddp.storage import list_checkpoints
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState
@@ -60,18 +62,24 @@ def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
 
 
 def restore_training(
-    restored: Restored | None, state: TrainState, worker: Worker, seed: int
+    restored: Restored | None,
+    state: TrainState,
+    worker: Worker,
+    cfg: TrainConfig,
+    steps_per_epoch: int,
 ) -> EpochSums:
     """Load optimizer, schedule, scaler, progress and this rank's RNG from ``restored``
     (the weights are loaded before DDP wraps the model). Returns this rank's sums of the
-    epoch's part before a mid-epoch checkpoint (zero at an epoch boundary)."""
+    epoch's part before a mid-epoch checkpoint (zero at an epoch boundary).
+
+    What the flags say wins over what the checkpoint saved: the peak lr, weight decay and
+    momentum, the optimizer kind and the precision; the resume line names each change."""
     if restored is None:
-        seed_step_randomness(seed, worker.rank)
+        seed_step_randomness(cfg.seed, worker.rank)
         return EpochSums()
     saved = restored.state
-    state.optimizer.load_state_dict(saved["optimizer"])
-    state.scheduler.load_state_dict(saved["scheduler"])
-    state.scaler.load_state_dict(saved["scaler"])
+    notes = _restore_optimizer(saved, state, cfg)
+    notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress(**saved["progress"])
     saved_world = len(saved["rng"])
     sums = EpochSums()
@@ -80,7 +88,7 @@ def restore_training(
         if progress.batch:
             sums = EpochSums(*saved["epoch_partial"][worker.rank])
     else:  # a different world size: data order is still exact, dropout RNG is not
-        seed_step_randomness(seed, worker.rank, progress.epoch)
+        seed_step_randomness(cfg.seed, worker.rank, progress.epoch)
         if progress.batch:
             # A mid-epoch position is a position in each rank's shard: with another world
             # size the shards differ, so the interrupted epoch is started over.
@@ -89,9 +97,37 @@ def restore_training(
                 f"{progress.epoch + 1} restarts from its first batch"
             )
             progress.batch = 0
+        # The schedule follows the epochs done, not the raw step count: steps per epoch
+        # change with the world size, and the saved count would put the schedule ahead
+        # (more workers) or behind (fewer) of where training is.
+        step = progress.epoch * steps_per_epoch
+        set_schedule_step(state.scheduler, step)
+        notes.append(f"the LR schedule continues at step {step} of this world size")
     where = f", {progress.batch} micro-batches into epoch {progress.epoch + 1}"
     worker.log(
         f"resumed from {restored.source}: {progress.epoch} epochs, {progress.step} steps done"
         + (where if progress.batch else "")
+        + "".join(f"; {note}" for note in notes)
     )
     return sums
+
+
+def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfig) -> list[str]:
+    notes = []
+    saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
+    if saved_kind == cfg.optimizer:
+        state.optimizer.load_state_dict(saved["optimizer"])
+    else:  # AdamW's moments mean nothing to SGD (and the other way round)
+        notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
+    state.scheduler.load_state_dict(saved["scheduler"])
+    changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler)
+    return notes + [f"{change} (from the flags)" for change in changes]
+
+
+def _restore_scaler(saved: dict[str, Any], state: TrainState) -> list[str]:
+    if saved["scaler"] or not state.scaler.is_enabled():
+        state.scaler.load_state_dict(saved["scaler"])  # a disabled scaler ignores it
+        return []
+    # Saved by a run without fp16 (a disabled scaler saves nothing): an enabled one
+    # refuses the empty state, so it starts at its initial loss scale.
+    return ["fp16 starts from the initial loss scale (the checkpoint was not fp16)"]

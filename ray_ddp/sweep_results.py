@@ -30,26 +30,35 @@ def trial_lr(config: dict[str, Any]) -> float:
 def trial_row(result, epochs: int) -> dict[str, Any]:
     """One trial of a ``ResultGrid``: its hyperparameters, best and final figures, curve."""
     frame = result.metrics_dataframe
-    config = result.config
-    base = config["train"]
+    # A trial that failed before it reported anything may come back without its config.
+    config = result.config or {}
+    base = config.get("train")
     row: dict[str, Any] = {
         "trial": (result.metrics or {}).get("trial_id") or os.path.basename(str(result.path)),
-        "lr": trial_lr(config),
-        "batch_size": config["batch_size"],
-        "global_batch_size": global_batch(
-            config["batch_size"], base["num_workers"], base["accum_steps"]
+        "lr": trial_lr(config) if base else None,
+        "batch_size": config.get("batch_size"),
+        "global_batch_size": (
+            global_batch(config["batch_size"], base["num_workers"], base["accum_steps"])
+            if base
+            else None
         ),
         "epochs_run": 0,
         "best_val_acc": None,
         "best_val_loss": None,
         "final_val_acc": None,
-        "status": "error" if result.error else "finished",
+        "status": "error" if result.error else "no result",
         "best_checkpoint": None,
         "curve": [],
     }
     if frame is None or frame.empty or METRIC not in frame:
         return row
+    # Epoch reports only: a mid-epoch checkpoint's report carries no validation (-1).
     frame = frame.dropna(subset=[METRIC])
+    if "mid_epoch" in frame:
+        frame = frame[frame["mid_epoch"] != True]  # noqa: E712 - NaN where absent
+    frame = frame[frame[METRIC] >= 0]
+    if frame.empty:
+        return row
     best_index = frame[METRIC].idxmax()
     row.update(
         epochs_run=int(frame["epoch"].max()),
@@ -59,8 +68,8 @@ def trial_row(result, epochs: int) -> dict[str, Any]:
         best_checkpoint=frame.loc[best_index].get("checkpoint_path"),
         curve=[(int(e), float(a)) for e, a in zip(frame["epoch"], frame[METRIC], strict=True)],
     )
-    if not result.error and row["epochs_run"] < epochs:
-        row["status"] = "stopped early"
+    if not result.error:
+        row["status"] = "stopped early" if row["epochs_run"] < epochs else "finished"
     return row
 
 
@@ -77,7 +86,7 @@ def write_outputs(sweep_dir: str, trials: list[dict[str, Any]]) -> None:
 def _plot(trials: list[dict[str, Any]]) -> bytes:
     fig, (left, right) = figure(2, (11, 4.2))
     markers = "osD^v<>ph*"
-    for i, batch in enumerate(sorted({t["batch_size"] for t in trials})):
+    for i, batch in enumerate(sorted({t["batch_size"] for t in trials} - {None})):
         group = [t for t in trials if t["batch_size"] == batch and t["best_val_acc"] is not None]
         left.scatter(
             [t["lr"] for t in group],
@@ -112,8 +121,9 @@ def results_table(summary: dict[str, Any]) -> str:
     ]
     for t in summary["trials"]:
         acc = f"{100 * t['best_val_acc']:.2f}%" if t["best_val_acc"] is not None else "-"
+        lr = f"{t['lr']:.2e}" if t["lr"] is not None else "-"
         lines.append(
-            f"{t['trial']:<8} {t['lr']:>9.2e} {t['batch_size']:>5} {t['epochs_run']:>6} "
+            f"{t['trial']:<8} {lr:>9} {t['batch_size'] or '-':>5} {t['epochs_run']:>6} "
             f"{acc:>12}  {t['status']}"
         )
     best = summary["best"]

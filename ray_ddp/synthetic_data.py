@@ -57,7 +57,7 @@ def make_synthetic(
 
     # Separate streams, so the validation split does not change with the train size.
     def stream(k: int) -> torch.Generator:
-        return torch.Generator().manual_seed(seed * 3 + k)
+        return torch.Generator().manual_seed((seed * 3 + k) % 2**64)  # any --seed
 
     protos = _prototypes(stream(0))
     train = _samples(protos, train_samples or DEFAULT_TRAIN_SAMPLES, stream(1))

@@ -40,6 +40,9 @@ class EpochPosition:
     epoch: int
     batch: int
     batches: int
+    samples: int | None = None
+    """This rank's samples in the whole epoch, when the last micro-batch may be short
+    (None: every micro-batch is full)."""
 
 
 @dataclass
@@ -61,7 +64,8 @@ class EpochSegment:
     """What one call trained: up to the epoch's end, or to a due checkpoint."""
 
     end: EpochPosition
-    """Where it stopped (``end.batch == end.batches`` at the epoch's end)."""
+    """Where it stopped (``end.batch == end.batches`` at the epoch's end; earlier at a due
+    checkpoint or at ``--max-steps``)."""
     sums: EpochSums
     """This rank's sums over the whole epoch so far (earlier segments included)."""
     samples: int
@@ -98,11 +102,19 @@ def train_epoch(
     for index, (inputs, targets) in enumerate(loader, start=start.batch):
         # Micro-steps are grouped in windows of accum_steps; the last window of an epoch
         # may be shorter, and the loss is divided by the window's real length so every
-        # optimizer step averages its micro-batches exactly. Checkpoints fall on window
-        # ends, so a resumed epoch starts on a window's first micro-batch.
+        # optimizer step averages its samples exactly. Checkpoints fall on window ends, so
+        # a resumed epoch starts on a window's first micro-batch.
         window_start = index - index % cfg.accum_steps
         window = min(cfg.accum_steps, batches - window_start)
         boundary = index - window_start == window - 1
+        # The step averages over the window's samples: a short last micro-batch of the
+        # epoch weighs by its size (full windows keep the plain division by their length).
+        full = cfg.batch_size * window
+        planned = (
+            full
+            if start.samples is None
+            else min(full, start.samples - window_start * cfg.batch_size)
+        )
         # Only the boundary micro-step all-reduces gradients; the others accumulate
         # locally under no_sync() (the guide's version all-reduced on every micro-step).
         sync_context = (
@@ -118,7 +130,8 @@ def train_epoch(
             guard.observe(
                 loss, progress.step + 1, f"epoch {start.epoch + 1}, micro-batch {index + 1}"
             )
-            state.scaler.scale(loss / window).backward()
+            weighted = loss / window if planned == full else loss * (targets.numel() / planned)
+            state.scaler.scale(weighted).backward()
         loss_sum += loss.detach().double() * targets.numel()
         seen += targets.numel()
         trained += targets.numel()
@@ -142,6 +155,7 @@ def train_epoch(
                 cfg, start, index, loss_sum.item() / seen, trained, last_report - started
             )
         if boundary and _max_steps_reached(cfg, progress.step):
+            end = replace(start, batch=index + 1)  # where a re-run with more steps resumes
             break
         if boundary and _checkpoint_due(cfg, progress.step) and index + 1 < batches:
             # The epoch's end has its own checkpoint; this one is inside the epoch.

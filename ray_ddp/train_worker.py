@@ -8,12 +8,14 @@ logs and attaches checkpoints; every rank calls ``ray.train.report`` (it is a ba
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +26,7 @@ from torch.utils.data import DataLoader
 
 from ray_ddp import reporting
 from ray_ddp.checkpoint import capture_rng, check_compatible, model_meta, save_state
-from ray_ddp.collectives import all_gather, is_distributed, sum_over_ranks
+from ray_ddp.collectives import all_gather, broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.comm_stats import attach_counter
 from ray_ddp.config import TrainConfig, global_batch
 from ray_ddp.datasets import DatasetInfo, build_datasets
@@ -35,6 +37,7 @@ from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import grad_scaler
 from ray_ddp.resume import find_restore_point, restore_training
+from ray_ddp.retry_policy import note_step
 from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
@@ -57,6 +60,13 @@ class WorkerData:
     batches_per_epoch: int
     """Micro-batches per epoch on each worker (the sampler pads ranks to equal). Read
     once, at the start: ``len(train_loader)`` shrinks while a resumed epoch is on."""
+    samples_per_rank: int
+    """Training samples per epoch on each worker (the last micro-batch may be short)."""
+
+    @property
+    def repeated(self) -> int:
+        """Samples the sampler repeats so that every rank gets the same count."""
+        return self.samples_per_rank * self.train_sampler.num_replicas - self.train_size
 
 
 @dataclass
@@ -112,7 +122,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         cfg.channels_last, model, data.info.input_shape, worker.device
     )
     state = build_train_state(cfg, worker, wrap_model(model, channels_last), data)
-    partial = restore_training(restored, state, worker, cfg.seed)
+    partial = restore_training(restored, state, worker, cfg, steps_per_epoch(cfg, data))
     counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
 
     ranks = rank_rows(worker)
@@ -129,20 +139,35 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             steps_before, syncs_before = progress.step, counter.syncs if counter else 0
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
             partial = EpochSums()
-            evaluated = evaluate(unwrap(state.model), data.val_loader, worker.device, cfg.amp)
-            progress.epoch = epoch + 1
+            evaluated = validate(cfg, worker, state, data)
+            # A --max-steps stop inside the epoch is saved as that position, so a re-run
+            # with more steps trains the rest of the epoch instead of skipping it.
+            finished = trained.end_batch >= data.batches_per_epoch
+            progress.epoch, progress.batch = (
+                (epoch + 1, 0) if finished else (epoch, trained.end_batch)
+            )
             progress.best_val_acc = max(progress.best_val_acc, evaluated.accuracy)
-            metrics = epoch_metrics(state, trained, evaluated)
+            metrics = epoch_metrics(state, trained, evaluated, epoch + 1)
             if counter is not None:
                 steps = max(1, progress.step - steps_before)
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / steps
             speed = trained.own_trained / trained.seconds
-            per_rank = checkpoint_and_report(cfg, worker, state, meta, metrics, EpochSums(), speed)
+            own = EpochSums() if finished else trained.own
+            per_rank = checkpoint_and_report(cfg, worker, state, meta, metrics, own, speed)
             worker.log(reporting.epoch_line(metrics, cfg.epochs))
+            if not finished:
+                worker.log(
+                    f"stopped at --max-steps {cfg.max_steps}, micro-batch {progress.batch}/"
+                    f"{data.batches_per_epoch} of epoch {epoch + 1}: a re-run with more steps "
+                    "continues from there"
+                )
             worker.log(reporting.worker_table(per_rank))
             if tools.logs is not None:
                 tools.logs.epoch(metrics, per_rank)
             run.add(metrics, trained, per_rank)
+    except Exception as exc:
+        note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
+        raise
     finally:
         if tools.logs is not None:
             tools.logs.close()  # flushes TensorBoard, renders curves.png from metrics.csv
@@ -170,6 +195,7 @@ def build_worker_data(cfg: TrainConfig, worker: Worker) -> WorkerData:
         train_size=len(train_ds),  # type: ignore[arg-type]
         val_size=len(val_ds),  # type: ignore[arg-type]
         batches_per_epoch=len(train_loader),  # the sampler is at batch 0 here
+        samples_per_rank=train_sampler.num_samples,
     )
 
 
@@ -184,8 +210,7 @@ def build_train_state(
     cfg: TrainConfig, worker: Worker, model: torch.nn.Module, data: WorkerData
 ) -> TrainState:
     """Optimizer, warm-up + cosine schedule over the run's optimizer steps, GradScaler."""
-    steps_per_epoch = math.ceil(data.batches_per_epoch / cfg.accum_steps)
-    total_steps = steps_per_epoch * cfg.epochs
+    total_steps = steps_per_epoch(cfg, data) * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
     optimizer = build_optimizer(cfg, model.parameters())
@@ -212,16 +237,26 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, channels_last: bool) -> EpochT
     )
 
 
+def steps_per_epoch(cfg: TrainConfig, data: WorkerData) -> int:
+    """Optimizer steps per epoch at this world size (the last window may be short)."""
+    return math.ceil(data.batches_per_epoch / cfg.accum_steps)
+
+
 def announce(cfg: TrainConfig, worker: Worker, data: WorkerData, ranks: list[dict]) -> None:
     """The rank table, the batch arithmetic and the data sizes, once, from rank 0."""
     worker.log(reporting.rank_table(ranks))
     worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, cfg.accum_steps))
-    steps = math.ceil(data.batches_per_epoch / cfg.accum_steps)
+    steps = steps_per_epoch(cfg, data)
     worker.log(
         f"data: {cfg.dataset}, {data.train_size} train / {data.val_size} val samples, "
         f"{data.info.num_classes} classes; {data.batches_per_epoch} micro-batches and "
         f"{steps} optimizer steps per epoch per worker"
     )
+    if data.repeated:
+        worker.log(
+            f"data: {data.repeated} training samples are seen twice per epoch, so that every "
+            f"one of the {worker.world_size} workers gets {data.samples_per_rank}"
+        )
 
 
 # ---------------------------------------------------------------------------- train
@@ -240,6 +275,10 @@ class EpochTrained:
     skipped: int
     """This rank's skipped fp16 steps."""
     seconds: float
+    own: EpochSums
+    """This rank's sums over the epoch so far (what a checkpoint of a partial epoch keeps)."""
+    end_batch: int
+    """Micro-batches of the epoch done: all of them, or fewer where ``--max-steps`` hit."""
 
 
 def train_one_epoch(
@@ -254,22 +293,17 @@ def train_one_epoch(
     """Epoch ``state.progress.epoch`` from ``progress.batch`` on, with a mid-epoch
     checkpoint every ``--checkpoint-every`` optimizer steps."""
     progress = state.progress
-    position = EpochPosition(progress.epoch, progress.batch, data.batches_per_epoch)
+    position = EpochPosition(
+        progress.epoch, progress.batch, data.batches_per_epoch, data.samples_per_rank
+    )
     progress.batch = 0
     started = time.perf_counter()
     trained = skipped = 0
     while True:
         # A new, reproducible shuffle every epoch, from where a checkpoint left it.
         data.train_sampler.set_position(position.epoch, position.batch)
-        try:
+        with explain_oom(cfg, worker, "training"):
             segment = train_epoch(cfg, state, data.train_loader, position, sums, tools)
-        except torch.OutOfMemoryError as exc:
-            batch = global_batch(cfg.batch_size, worker.world_size, cfg.accum_steps)
-            raise RuntimeError(
-                f"out of memory on rank {worker.rank} ({worker.device}) with --batch-size "
-                f"{cfg.batch_size} per worker: lower --batch-size and raise --accum-steps to "
-                f"keep the global batch of {batch}"
-            ) from exc
         sums, trained, skipped = segment.sums, trained + segment.samples, skipped + segment.skipped
         if not segment.checkpoint_due:
             break
@@ -280,21 +314,54 @@ def train_one_epoch(
         {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}, worker.device
     )
     return EpochTrained(
-        totals["loss_sum"],
-        int(totals["samples"]),
-        int(totals["trained"]),
-        trained,
-        skipped,
-        seconds,
+        loss_sum=totals["loss_sum"],
+        samples=int(totals["samples"]),
+        all_trained=int(totals["trained"]),
+        own_trained=trained,
+        skipped=skipped,
+        seconds=seconds,
+        own=sums,
+        end_batch=segment.end.batch,
     )
 
 
+def validate(cfg: TrainConfig, worker: Worker, state: TrainState, data: WorkerData) -> EvalResult:
+    """Exact sharded evaluation of the weights and buffers the checkpoint will hold.
+
+    DDP copies rank 0's buffers (BatchNorm running statistics) to the other ranks only at
+    the start of a synchronised forward, so after the epoch's last step every rank holds
+    its own. Rank 0's are what gets saved: every rank evaluates with those."""
+    model = unwrap(state.model)
+    broadcast_buffers(model)
+    with explain_oom(cfg, worker, "evaluation"):
+        return evaluate(model, data.val_loader, worker.device, cfg.amp)
+
+
+@contextlib.contextmanager
+def explain_oom(cfg: TrainConfig, worker: Worker, phase: str) -> Iterator[None]:
+    """Turn an out-of-memory error into what to change: the per-worker batch."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        batch = global_batch(cfg.batch_size, worker.world_size, cfg.accum_steps)
+        size = (
+            f"batches of 2 x --batch-size = {2 * cfg.batch_size}"
+            if phase == "evaluation"  # no activations kept for backward: twice the batch
+            else f"--batch-size {cfg.batch_size}"
+        )
+        raise RuntimeError(
+            f"out of memory on rank {worker.rank} ({worker.device}) during {phase} with {size} "
+            f"per worker: lower --batch-size and raise --accum-steps to keep the global batch "
+            f"of {batch}"
+        ) from exc
+
+
 def epoch_metrics(
-    state: TrainState, trained: EpochTrained, evaluated: EvalResult
+    state: TrainState, trained: EpochTrained, evaluated: EvalResult, epoch: int
 ) -> dict[str, Any]:
     """What an epoch reports to Ray, prints and logs (validation sums are exact)."""
     metrics: dict[str, Any] = {
-        "epoch": state.progress.epoch,
+        "epoch": epoch,
         "step": state.progress.step,
         "train_loss": trained.loss_sum / max(1.0, trained.samples),
         "val_loss": evaluated.loss,
@@ -302,6 +369,7 @@ def epoch_metrics(
         "val_correct": evaluated.correct,
         "val_count": evaluated.count,
         "lr": state.lr,
+        "train_samples": trained.samples,
         "samples_per_s": trained.all_trained / trained.seconds,
         "epoch_s": trained.seconds,
     }

@@ -15,8 +15,8 @@ from typing import Any
 
 from ray_ddp.cluster import prepare_cluster_run
 from ray_ddp.config import TrainConfig
-from ray_ddp.loss_guard import stop_on_nonfinite_callback
 from ray_ddp.rerun_guard import check_rerun, write_record
+from ray_ddp.retry_policy import stop_hopeless_retries
 from ray_ddp.storage import write_bytes
 
 
@@ -113,7 +113,7 @@ def build_trainer(
             ),
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=[stop_on_nonfinite_callback(), *(callbacks or [])],
+            callbacks=[stop_hopeless_retries(), *(callbacks or [])],
             failure_config=FailureConfig(max_failures=cfg.max_failures),
         ),
     )
@@ -122,7 +122,7 @@ def build_trainer(
 def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
     """Final and best validation figures, the best checkpoint, sizes and speed."""
     info = result.return_value or {}
-    # Mid-epoch checkpoints carry no validation (val_acc NaN): never the best.
+    # Mid-epoch checkpoints carry no validation (val_acc -1): never the best.
     scored = [
         (c, m)
         for c, m in (result.best_checkpoints or [])
@@ -141,7 +141,9 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
         "accum_steps": cfg.accum_steps,
         "global_batch_size": cfg.global_batch_size,
         "epochs": cfg.epochs,
-        "epochs_completed": final_metrics.get("epoch", 0),
+        # The worker's own count: a --max-steps stop inside an epoch reports its figures
+        # under that epoch's number without completing it.
+        "epochs_completed": info.get("epochs_completed", final_metrics.get("epoch", 0)),
         "steps": final_metrics.get("step", 0),
         "final": {k: final_metrics[k] for k in pick if k in final_metrics},
         "best": (

@@ -140,7 +140,7 @@ BAD_INPUTS = [
     pytest.param(
         ["--num-workers", "2", "--train-samples", "400", "--batch-size", "64"]
         + ["--accum-steps", "8"],
-        "--accum-steps 8 is more than the 3 micro-batches",
+        "--accum-steps 8 is more than the 4 micro-batches",
         id="accum-over-shard",
     ),
     pytest.param(["--name", "a/b"], "--name must be a plain directory name", id="name"),

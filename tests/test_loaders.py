@@ -131,3 +131,44 @@ def test_fetching_a_sample_leaves_the_gpu_generators_alone(folder):
     assert torch.equal(samples[(2, 5)][0], expected)
     assert _gpu_generators() == gpu
     assert torch.equal(torch.get_rng_state(), cpu)
+
+
+@pytest.mark.parametrize(("size", "workers", "batch"), [(1000, 4, 128), (50, 2, 4), (49, 2, 8)])
+def test_every_sample_is_trained_every_epoch(size, workers, batch):
+    """No sample is dropped: the ranks' micro-batches (the last one short) cover the whole
+    dataset; the few repeated samples only even out the ranks, and a last micro-batch
+    never holds a single sample (BatchNorm could not train on it)."""
+
+    class Indices(Dataset):
+        def __len__(self) -> int:
+            return size
+
+        def __getitem__(self, index: int) -> int:
+            return index
+
+    seen: list[int] = []
+    lengths = set()
+    for rank in range(workers):
+        sampler = ResumableSampler(
+            Indices(),
+            batch_size=batch,
+            tag_epoch=False,
+            num_replicas=workers,
+            rank=rank,
+            shuffle=True,
+            seed=1,
+        )
+        batches = [b.tolist() for b in DataLoader(Indices(), batch_size=batch, sampler=sampler)]
+        lengths.add(len(batches))
+        assert len(batches[-1]) != 1
+        seen += [i for b in batches for i in b]
+    assert len(lengths) == 1, "every rank runs the same number of steps"
+    assert set(seen) == set(range(size))
+    assert len(seen) - size < 2 * workers  # repeats: to even out ranks and avoid a 1-sample tail
+
+
+def test_the_built_in_data_takes_any_seed_in_range():
+    from ray_ddp.synthetic_data import make_synthetic
+
+    train, _ = make_synthetic(2**63 - 1, 4, 4)
+    assert len(train) == 4

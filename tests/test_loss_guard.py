@@ -71,3 +71,25 @@ def test_the_message_is_found_in_a_relayed_traceback():
     )
     assert nonfinite_message(relayed) == "non-finite training loss at optimizer step 4"
     assert nonfinite_message(RuntimeError("worker died")) is None
+
+
+def test_the_controller_stops_on_the_workers_own_exception_objects():
+    """Ray Train gives its callbacks each worker's exception object itself (not the
+    relayed traceback text): a non-finite loss must be recognised in that form too, and
+    a repeated error only when type, message and step all match."""
+    from ray_ddp.retry_policy import failure_signature, nonfinite_loss, note_step
+
+    assert nonfinite_loss(NonFiniteLossError("non-finite training loss at step 3")) == (
+        "non-finite training loss at step 3"
+    )
+    first, again, later = (
+        OSError("image file is truncated"),
+        OSError("image file is truncated"),
+        OSError("image file is truncated"),
+    )
+    note_step(first, 2)
+    note_step(again, 2)
+    note_step(later, 5)
+    assert failure_signature(first) == failure_signature(again)
+    assert failure_signature(first) != failure_signature(later)
+    assert "OSError: image file is truncated" in failure_signature(first)

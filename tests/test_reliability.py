@@ -21,11 +21,14 @@ import time
 
 import pytest
 import torch
-from ray.train import TrainingFailedError
+from formats import write_imagefolder
+from ray.train import ControllerError, TrainingFailedError
 
 from ray_ddp.checkpoint import load_state
 from ray_ddp.cli import train_main
 from ray_ddp.config import TrainConfig
+from ray_ddp.loss_guard import NonFiniteLossError
+from ray_ddp.retry_policy import RepeatedFailureError
 from ray_ddp.trainer import run_training
 
 pytestmark = pytest.mark.ray
@@ -233,6 +236,9 @@ def test_a_nan_loss_stops_the_run_naming_step_and_rank(ray_session, tmp_path):
         run_training(cfg)
     elapsed = time.monotonic() - started
     assert "non-finite training loss at optimizer step 27 on rank 1" in str(failure.value)
+    # Stopped by ray_ddp's rule in the controller, not by running out of --max-failures.
+    assert isinstance(failure.value, ControllerError), type(failure.value)
+    assert isinstance(failure.value.controller_failure, NonFiniteLossError)
     latest = _registered(str(tmp_path / "diverged"))
     assert latest["step"] == 20 and latest["mid_epoch"]
     state = load_state(_newest_checkpoint(str(tmp_path / "diverged")))
@@ -248,3 +254,27 @@ def _newest_checkpoint(run_dir: str) -> str:
         if n.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, n))
     )
     return os.path.join(run_dir, names[-1])
+
+
+def test_the_same_error_twice_is_not_retried_forever(ray_session, tmp_path):
+    """A training image that cannot be decoded fails every attempt at the same step:
+    with --max-failures -1 the run still ends, after the second identical failure, with
+    the error named (and the first attempt's restart shows lost workers still resume)."""
+    data = str(tmp_path / "data")
+    write_imagefolder(data, train=16, val=5, size=20)
+    bad = os.path.join(data, "train", "dog", "5.png")
+    with open(bad, "r+b") as f:
+        f.truncate(60)  # the PNG header survives, the pixels do not
+    cfg = TrainConfig(num_workers=2, dataset="imagefolder", data_dir=data, image_size=16,
+                      batch_size=4, epochs=1, loader_workers=0, max_failures=-1,
+                      storage_path=str(tmp_path / "runs"), name="bad-sample", export=False,
+                      tensorboard=False)  # fmt: skip
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as failure:
+        run_training(cfg)
+    message = str(failure.value)
+    assert isinstance(failure.value, ControllerError), type(failure.value)
+    assert isinstance(failure.value.controller_failure, RepeatedFailureError)
+    assert "the same error stopped two attempts" in message
+    assert "OSError: image file is truncated | ray_ddp: raised at optimizer step" in message
+    assert time.monotonic() - started < 120

@@ -33,6 +33,8 @@ def test_loss_falls_and_accuracy_rises(first_run):
     _, summary = first_run
     history = summary["history"]
     assert [m["epoch"] for m in history] == [1, 2, 3]
+    # 3000 samples, 1500 per worker = 23 micro-batches of 64 and one of 28: all trained.
+    assert all(m["train_samples"] == 3000 for m in history)
     assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
     assert history[-1]["val_loss"] < history[0]["val_loss"]
     assert history[-1]["val_acc"] > history[0]["val_acc"]
@@ -159,7 +161,10 @@ def test_rerunning_the_name_resumes_from_the_last_epoch(first_run):
     assert summary["history"][0]["val_loss"] < first["history"][0]["val_loss"]
 
 
-def test_resume_from_a_checkpoint_directory(first_run, storage):
+def test_resume_from_a_checkpoint_with_new_flags_and_another_world_size(first_run, storage):
+    """Fine-tuning from a 2-worker checkpoint on 1 worker with another lr and weight
+    decay: the flags' values are used (not the checkpoint's), and the schedule continues
+    at 3 of 4 epochs at this world size, so it ends at its floor with epoch 4."""
     cfg, first = first_run
     summary = run_training(
         dataclasses.replace(
@@ -168,10 +173,16 @@ def test_resume_from_a_checkpoint_directory(first_run, storage):
             storage_path=storage,
             epochs=4,
             resume_from=first["latest_checkpoint"],
+            num_workers=1,
+            lr=1e-4,
+            weight_decay=0.05,
         )
     )
     assert [m["epoch"] for m in summary["history"]] == [4]
     assert summary["run_dir"].startswith(storage)
+    assert summary["history"][-1]["lr"] == pytest.approx(1e-4 * cfg.min_lr_ratio)
+    state = load_state(summary["latest_checkpoint"])
+    assert state["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
 
 
 def _weights(summary: dict) -> dict[str, torch.Tensor]:
@@ -204,6 +215,33 @@ def test_accumulation_equals_the_big_batch_with_one_allreduce_per_step(ray_sessi
         torch.testing.assert_close(_weights(accumulated)[key], value, rtol=1e-5, atol=1e-6)
     assert accumulated["history"][0]["allreduces_per_step"] == 1.0  # 4 backwards, 1 sync
     assert big["history"][0]["allreduces_per_step"] == 1.0
+
+    # --max-steps stopped inside epoch 1 (step 2 of 8): saved as that position, so the
+    # same run without the limit trains the rest of the epoch instead of skipping it.
+    assert accumulated["epochs_completed"] == 0
+    rest = run_training(TrainConfig(**{**common, "max_steps": None}, batch_size=8,
+                                    accum_steps=4, name="acc"))  # fmt: skip
+    assert rest["steps"] == 8 and rest["epochs_completed"] == 1
+    assert [m["epoch"] for m in rest["history"]] == [1]
+    assert rest["history"][0]["train_samples"] == 512  # the whole epoch, both parts
+
+
+def test_batchnorm_validation_equals_a_single_process_evaluation_of_the_checkpoint(
+    ray_session, storage
+):
+    """resnet18 (BatchNorm) on 2 workers: each rank's running statistics drift apart in
+    training; validation must use the ones the checkpoint holds (rank 0's)."""
+    cfg = TrainConfig(num_workers=2, model="resnet18", train_samples=512, val_samples=101,
+                      batch_size=32, epochs=1, lr=0.01, storage_path=storage, name="bn",
+                      export=False, tensorboard=False)  # fmt: skip
+    summary = run_training(cfg)
+    model = load_model(summary["latest_checkpoint"])
+    _, val, _ = build_datasets(cfg)
+    single = evaluate(model, torch.utils.data.DataLoader(val, batch_size=50), torch.device("cpu"))
+    final = summary["final"]
+    assert single.count == 101
+    assert (final["val_correct"], final["val_count"]) == (single.correct, single.count)
+    assert final["val_loss"] == pytest.approx(single.loss, rel=1e-5)
 
 
 def test_bf16_autocast_trains_on_cpu(ray_session, storage):

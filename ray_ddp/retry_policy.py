@@ -1,0 +1,70 @@
+"""Which worker failures a restart can cure, decided in Ray Train's controller.
+
+``--max-failures`` restarts all workers from the latest checkpoint after a failure: right
+for a lost worker or node, useless for a failure the restart will meet again. Two are
+stopped at once, whatever ``--max-failures`` allows:
+
+- a non-finite loss: the same data and weights diverge again;
+- the same error at the same optimizer step as an earlier attempt (a sample that cannot
+  be decoded, a bug): it is deterministic, and with ``--max-failures -1`` it would be
+  retried forever. The worker loop notes the step on every error it raises.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ray_ddp.loss_guard import NonFiniteLossError, nonfinite_message
+
+STEP_NOTE = "ray_ddp: raised at optimizer step"
+
+
+class RepeatedFailureError(RuntimeError):
+    """A worker failed the same way twice: a restart will not get past it."""
+
+
+def note_step(error: BaseException, step: int) -> None:
+    """Mark ``error`` with the optimizer step it interrupted (shown in its traceback)."""
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(f"{STEP_NOTE} {step}")
+
+
+def failure_signature(error: BaseException) -> str:
+    """What identifies a failure across attempts: the exception's type, message and the
+    step note (Ray Train hands the controller the worker's own exception object)."""
+    notes = getattr(error, "__notes__", [])
+    return "\n".join([f"{type(error).__name__}: {error}", *notes])
+
+
+def nonfinite_loss(error: BaseException) -> str | None:
+    """The message of a non-finite loss error, as the exception itself or relayed."""
+    if isinstance(error, NonFiniteLossError):
+        return str(error)
+    return nonfinite_message(error)
+
+
+def stop_hopeless_retries():
+    """The Ray Train callback (it runs in the controller) that applies the rules above."""
+    from ray.train import UserCallback
+
+    class StopHopelessRetries(UserCallback):
+        def __init__(self) -> None:
+            self.seen: Counter[str] = Counter()
+
+        def after_exception(self, run_context, worker_exceptions) -> None:
+            for error in worker_exceptions.values():
+                message = nonfinite_loss(error)
+                if message:
+                    raise NonFiniteLossError(message)
+            # Once per attempt: several ranks failing alike count once.
+            for signature in {failure_signature(e) for e in worker_exceptions.values()}:
+                self.seen[signature] += 1
+                if self.seen[signature] >= 2:
+                    shown = signature.replace("\n", " | ")
+                    raise RepeatedFailureError(
+                        f"the same error stopped two attempts, so it is not retried again: "
+                        f"{shown}. The last checkpoint is intact: fix the cause and re-run "
+                        "with the same --name"
+                    )
+
+    return StopHopelessRetries()
