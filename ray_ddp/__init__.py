@@ -13,6 +13,7 @@ Modules, one job each (the driver's side first, then the workers', then the part
     train_worker   the per-worker loop: build, restore, wrap, train/evaluate/report
     train_epoch    one pass over a shard: accumulation with no_sync, AMP, clipping
     resume         where a worker starts from, and restoring its state
+    train_report   metrics to Ray from every rank; rank 0's checkpoint of every rank's state
     worker         who this worker is (ranks, device), rank-0 logging, the rank table
     collectives    all-gather and summed reductions (single-process safe)
     train_state    TrainState, TrainProgress, EpochSums: what a step changes
@@ -24,6 +25,7 @@ Modules, one job each (the driver's side first, then the workers', then the part
     models         models by name; memory_format: channels_last or not
     optim          optimizer and warm-up + cosine schedule; precision: autocast, GradScaler
     loss_guard     stop on a non-finite loss, naming step and rank
+    retry_policy   which failures a restart cannot cure (run in Ray Train's controller)
     comm_stats     counting gradient all-reduces
     step_timing    steady-state step times
     run_logs       metrics.csv, TensorBoard, curves.png; plots: figures as PNG

@@ -12,8 +12,6 @@ import contextlib
 import dataclasses
 import math
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,8 +23,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from ray_ddp import reporting
-from ray_ddp.checkpoint import capture_rng, check_compatible, model_meta, save_state
-from ray_ddp.collectives import all_gather, broadcast_buffers, is_distributed, sum_over_ranks
+from ray_ddp.checkpoint import check_compatible, model_meta
+from ray_ddp.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.comm_stats import attach_counter
 from ray_ddp.config import TrainConfig, global_batch
 from ray_ddp.datasets import DatasetInfo, build_datasets
@@ -43,8 +41,9 @@ from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import StepTimer
 from ray_ddp.train_epoch import EpochPosition, EpochTools, train_epoch
+from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState, unwrap
-from ray_ddp.worker import Worker, peak_memory, rank_rows, start_worker
+from ray_ddp.worker import Worker, rank_rows, start_worker
 
 
 @dataclass
@@ -154,16 +153,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             speed = trained.own_trained / trained.seconds
             own = EpochSums() if finished else trained.own
             per_rank = checkpoint_and_report(cfg, worker, state, meta, metrics, own, speed)
-            worker.log(reporting.epoch_line(metrics, cfg.epochs))
-            if not finished:
-                worker.log(
-                    f"stopped at --max-steps {cfg.max_steps}, micro-batch {progress.batch}/"
-                    f"{data.batches_per_epoch} of epoch {epoch + 1}: a re-run with more steps "
-                    "continues from there"
-                )
-            worker.log(reporting.worker_table(per_rank))
-            if tools.logs is not None:
-                tools.logs.epoch(metrics, per_rank)
+            log_epoch(cfg, worker, tools, metrics, per_rank, progress, data)
             run.add(metrics, trained, per_rank)
     except Exception as exc:
         note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
@@ -378,78 +368,27 @@ def epoch_metrics(
     return metrics
 
 
+def log_epoch(
+    cfg: TrainConfig,
+    worker: Worker,
+    tools: EpochTools,
+    metrics: dict[str, Any],
+    per_rank: list[dict[str, Any]],
+    progress: TrainProgress,
+    data: WorkerData,
+) -> None:
+    """The epoch line and the per-worker table from rank 0; the run logs' epoch row."""
+    worker.log(reporting.epoch_line(metrics, cfg.epochs))
+    if progress.batch:  # stopped inside the epoch
+        worker.log(
+            f"stopped at --max-steps {cfg.max_steps}, micro-batch {progress.batch}/"
+            f"{data.batches_per_epoch} of epoch {progress.epoch + 1}: a re-run with more "
+            "steps continues from there"
+        )
+    worker.log(reporting.worker_table(per_rank))
+    if tools.logs is not None:
+        tools.logs.epoch(metrics, per_rank)
+
+
 def _max_steps_reached(cfg: TrainConfig, step: int) -> bool:
     return bool(cfg.max_steps) and step >= cfg.max_steps  # type: ignore[operator]
-
-
-# ---------------------------------------------------------------------------- checkpoints
-def write_mid_epoch_checkpoint(
-    cfg: TrainConfig,
-    worker: Worker,
-    state: TrainState,
-    meta: dict[str, Any],
-    position: EpochPosition,
-    sums: EpochSums,
-) -> None:
-    progress = state.progress
-    progress.batch = position.batch
-    metrics = {
-        "epoch": progress.epoch,
-        "step": progress.step,
-        "batch": position.batch,
-        "mid_epoch": True,
-        # Not validated. Scored below every epoch checkpoint (so Ray keeps it only while it
-        # is the latest); not NaN, which Ray's saved state turns to null.
-        "val_acc": -1.0,
-        "lr": state.lr,
-    }
-    checkpoint_and_report(cfg, worker, state, meta, metrics, sums)
-    progress.batch = 0
-    worker.log(
-        f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, micro-batch "
-        f"{position.batch}/{position.batches})"
-    )
-
-
-def checkpoint_and_report(
-    cfg: TrainConfig,
-    worker: Worker,
-    state: TrainState,
-    meta: dict[str, Any],
-    metrics: dict[str, Any],
-    sums: EpochSums,
-    samples_per_s: float = 0.0,
-) -> list[dict[str, Any]]:
-    """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
-    at this optimizer-step boundary. Returns every rank's speed and memory."""
-    peak_mb, memory_kind = peak_memory(worker.device)
-    stats = {
-        "rank": worker.rank,
-        "samples_per_s": samples_per_s,
-        "peak_memory_mb": peak_mb,
-        "memory_kind": memory_kind,
-    }
-    # One collective for all of it: every rank's RNG and partial sums (for the checkpoint)
-    # and its speed and memory (for the balance table).
-    gathered = all_gather({"rng": capture_rng(), "sums": sums, "stats": stats})
-    per_rank = [g["stats"] for g in gathered]
-    if not metrics.get("mid_epoch"):
-        metrics.update(reporting.balance(per_rank))
-    if not worker.is_main:
-        ray.train.report(metrics)
-        return per_rank
-    directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
-    try:
-        save_state(
-            directory,
-            state,
-            config=cfg.to_dict(),
-            model_meta=meta,
-            rng_per_rank=[g["rng"] for g in gathered],
-            epoch_partial=[g["sums"] for g in gathered],
-        )
-        # SYNC upload (the default): the checkpoint is in storage when report returns.
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    return per_rank

@@ -1,0 +1,91 @@
+"""What every worker reports to Ray Train: its metrics (a barrier: every rank reports
+the same number of times) and, from rank 0 only, a checkpoint of every rank's state at an
+optimizer-step boundary, written to a temporary directory and uploaded by Ray (SYNC)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from typing import Any
+
+import ray.train
+
+from ray_ddp import reporting
+from ray_ddp.checkpoint import capture_rng, save_state
+from ray_ddp.collectives import all_gather
+from ray_ddp.config import TrainConfig
+from ray_ddp.train_epoch import EpochPosition
+from ray_ddp.train_state import EpochSums, TrainState
+from ray_ddp.worker import Worker, peak_memory
+
+
+def write_mid_epoch_checkpoint(
+    cfg: TrainConfig,
+    worker: Worker,
+    state: TrainState,
+    meta: dict[str, Any],
+    position: EpochPosition,
+    sums: EpochSums,
+) -> None:
+    progress = state.progress
+    progress.batch = position.batch
+    metrics = {
+        "epoch": progress.epoch,
+        "step": progress.step,
+        "batch": position.batch,
+        "mid_epoch": True,
+        # Not validated. Scored below every epoch checkpoint (so Ray keeps it only while it
+        # is the latest); not NaN, which Ray's saved state turns to null.
+        "val_acc": -1.0,
+        "lr": state.lr,
+    }
+    checkpoint_and_report(cfg, worker, state, meta, metrics, sums)
+    progress.batch = 0
+    worker.log(
+        f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, micro-batch "
+        f"{position.batch}/{position.batches})"
+    )
+
+
+def checkpoint_and_report(
+    cfg: TrainConfig,
+    worker: Worker,
+    state: TrainState,
+    meta: dict[str, Any],
+    metrics: dict[str, Any],
+    sums: EpochSums,
+    samples_per_s: float = 0.0,
+) -> list[dict[str, Any]]:
+    """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
+    at this optimizer-step boundary. Returns every rank's speed and memory."""
+    peak_mb, memory_kind = peak_memory(worker.device)
+    stats = {
+        "rank": worker.rank,
+        "samples_per_s": samples_per_s,
+        "peak_memory_mb": peak_mb,
+        "memory_kind": memory_kind,
+    }
+    # One collective for all of it: every rank's RNG and partial sums (for the checkpoint)
+    # and its speed and memory (for the balance table).
+    gathered = all_gather({"rng": capture_rng(), "sums": sums, "stats": stats})
+    per_rank = [g["stats"] for g in gathered]
+    if not metrics.get("mid_epoch"):
+        metrics.update(reporting.balance(per_rank))
+    if not worker.is_main:
+        ray.train.report(metrics)
+        return per_rank
+    directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
+    try:
+        save_state(
+            directory,
+            state,
+            config=cfg.to_dict(),
+            model_meta=meta,
+            rng_per_rank=[g["rng"] for g in gathered],
+            epoch_partial=[g["sums"] for g in gathered],
+        )
+        # SYNC upload (the default): the checkpoint is in storage when report returns.
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    return per_rank
