@@ -37,7 +37,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 250 micro-batches (optimizer steps) per worker per epoch, a few seconds each epoch.
 COMMON = [
     "--epochs", "2", "--train-samples", "16000", "--val-samples", "400", "--batch-size", "32",
-    "--seed", "3", "--no-export", "--no-tensorboard",
+    "--seed", "3", "--no-export", "--no-tensorboard", "--model", "small_cnn",
 ]  # fmt: skip
 FAULTY = ["--checkpoint-every", "40"]
 
@@ -222,6 +222,7 @@ def test_a_nan_loss_stops_the_run_naming_step_and_rank(ray_session, tmp_path):
         val_samples=200,
         batch_size=32,
         num_workers=2,
+        model="small_cnn",
         checkpoint_every=10,
         max_failures=1,  # a NaN is not a lost worker: retrying would only repeat it
         export=False,

@@ -22,7 +22,10 @@ pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # 2 workers x 0.9 CPU + 0.1 for the trial's driver = one trial at a time on 2 CPUs.
-TRIAL = dict(num_workers=2, cpus_per_worker=0.9, epochs=3, train_samples=2000, val_samples=301)
+TRIAL = dict(
+    num_workers=2, cpus_per_worker=0.9, epochs=3, train_samples=2000, val_samples=301,
+    model="small_cnn",
+)  # fmt: skip
 
 
 def test_concurrency_is_derived_from_the_cluster():
@@ -88,7 +91,8 @@ def _sweep_cmd(address: str, storage: str, *extra: str) -> list[str]:
         sys.executable, os.path.join(ROOT, "jobs", "tune.py"), "--address", address,
         "--storage-path", storage, "--name", "resumable", "--num-samples", "2",
         "--no-early-stop", "--epochs", "2", "--train-samples", "1000", "--val-samples", "101",
-        "--num-workers", "2", "--cpus-per-worker", "0.9", "--batch-sizes", "64", *extra,
+        "--num-workers", "2", "--cpus-per-worker", "0.9", "--batch-sizes", "64",
+        "--model", "small_cnn", *extra,
     ]  # fmt: skip
 
 
