@@ -24,6 +24,7 @@ PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
+AUGMENT_POLICIES = ("none", "crop", "crop-flip", "autoaugment", "trivialaugment")
 
 
 class ConfigError(ValueError):
@@ -113,6 +114,14 @@ class TrainConfig:
     image_size: int | None = option(None, bound=POSITIVE)
     """Resize images to this square size. Default: native for built-in, CIFAR and MNIST
     data; 32 for ImageFolder and Parquet images."""
+    augment: str | None = option(None, choices=AUGMENT_POLICIES)
+    """Random augmentation of training images, drawn per sample from (seed, epoch, index):
+    ``none``; ``crop`` (pad by 1/8 of the side, crop back at a random place: small shifts);
+    ``crop-flip`` (crop, and a horizontal flip half the time); ``autoaugment`` (crop-flip,
+    then AutoAugment's CIFAR-10 policy); ``trivialaugment`` (crop-flip, then
+    TrivialAugmentWide). Auto: crop-flip for cifar10 and imagefolder, none for mnist,
+    fashion-mnist and parquet. Flips are wrong for digits and text: use crop or none there.
+    The built-in dataset and Parquet feature columns take none."""
     label_column: str = "label"
     """Parquet: the integer class column."""
     image_column: str = "image"
@@ -224,6 +233,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir DIR")
     if cfg.feature_column and cfg.dataset != "parquet":
         raise ConfigError("--feature-column only applies to --dataset parquet")
+    if cfg.augment not in (None, "none") and (cfg.dataset == "synthetic" or cfg.feature_column):
+        what = "a --feature-column" if cfg.feature_column else "the built-in dataset"
+        raise ConfigError(f"--augment {cfg.augment} needs images; {what} takes --augment none")
     if cfg.name is not None and (not cfg.name or "/" in cfg.name or cfg.name in (".", "..")):
         raise ConfigError(f"--name must be a plain directory name, got {cfg.name!r}")
     if not cfg.storage_path:
