@@ -92,7 +92,7 @@ class TrainConfig:
     amp: str = option("off", choices=AMP_MODES)
     """Mixed precision: ``off``, ``bf16`` (autocast, no scaler) or ``fp16`` (GPU only,
     autocast + GradScaler)."""
-    seed: int = 0
+    seed: int = option(0, bound=Bound("must be in 0..2**63-1", lambda v: 0 <= v < 2**63))
     """One seed for initial weights (identical on every rank), data order and the built-in
     dataset."""
     max_steps: int | None = option(None, bound=POSITIVE, resume_safe=True)

@@ -18,6 +18,7 @@ from ray_ddp.config import TrainConfig
 from ray_ddp.rerun_guard import check_rerun, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
 from ray_ddp.storage import write_bytes
+from ray_ddp.transforms import augment_policy
 
 
 class Interrupted(Exception):
@@ -39,8 +40,10 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     """Validate, connect, fit. Returns the summary. Raises ConfigError on bad input and
     ray.train.TrainingFailedError when training fails."""
     cfg, _ = prepare_cluster_run(cfg)
-    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg))
-    check_rerun(cfg)  # again: num_workers is known now
+    # Record what "auto" resolved to where it decides what is trained, so a re-run that
+    # asks for something else explicitly is refused (None is not compared).
+    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg), augment=augment_policy(cfg))
+    check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
     print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)

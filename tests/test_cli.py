@@ -60,7 +60,7 @@ def inputs(tmp_path_factory) -> str:
     write_checkpoint(os.path.join(tmp, "ckpt"))
     os.makedirs(os.path.join(tmp, "empty"))
     # A run started with another learning rate, and a run record that is not JSON.
-    for name, text in (("earlier", '{"lr": 0.5, "model": "small_cnn"}'), ("garbled", "{nope")):
+    for name, text in (("earlier", '{"lr": 0.5, "model": "small_resnet"}'), ("garbled", "{nope")):
         os.makedirs(os.path.join(tmp, "kept", name))
         with open(os.path.join(tmp, "kept", name, "ray_ddp_config.json"), "w") as f:
             f.write(text)
@@ -73,6 +73,7 @@ BAD_INPUTS = [
     pytest.param(["--lr", "-1"], "--lr must be positive", id="lr-negative"),
     pytest.param(["--batch-size", "0"], "--batch-size must be positive", id="batch-size"),
     pytest.param(["--epochs", "0"], "--epochs must be positive", id="epochs"),
+    pytest.param(["--seed", "-1"], "--seed must be in 0..2**63-1", id="seed-negative"),
     pytest.param(["--accum-steps", "-2"], "--accum-steps must be positive", id="accum-steps"),
     pytest.param(["--num-workers", "0"], "--num-workers must be positive", id="num-workers"),
     pytest.param(["--dataset", "imagenet"], "unknown --dataset 'imagenet'", id="dataset"),
@@ -314,7 +315,8 @@ TRAIN_FLAGS = {
     "--no-pin-memory", "--channels-last", "--no-channels-last", "--model", "--storage-path",
     "--name", "--resume-from", "--allow-config-change", "--keep-checkpoints",
     "--checkpoint-every", "--summary-json", "--no-tensorboard", "--log-every-steps",
-    "--log-all-ranks", "--no-export", "--comm-stats"
+    "--log-all-ranks", "--no-export", "--comm-stats",
+    "--augment",  # added since: issue 12's augmentation policies
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
