@@ -58,7 +58,7 @@ class TrainConfig:
     )
     """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
     ``SPREAD`` puts workers on as many nodes as it can."""
-    wait_for_resources: float = option(0.0, bound=NON_NEGATIVE, metavar="SECONDS")
+    wait_for_resources: float = option(0.0, bound=NON_NEGATIVE, metavar="SECONDS", resume_safe=True)
     """Seconds to wait for nodes to join when the cluster is smaller than the request (an
     autoscaling cluster). 0: refuse at once, with what was asked and what exists."""
     max_failures: int = option(

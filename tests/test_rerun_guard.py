@@ -40,6 +40,8 @@ HAND_WRITTEN = {
     "resume_from", "keep_checkpoints", "checkpoint_every", "summary_json",
     "progress_interval_s", "tensorboard", "log_every_steps", "log_all_ranks", "export",
     "comm_stats", "allow_config_change", "log_prefix", "inject_nan_step", "inject_nan_rank",
+    # Added since: how long to wait for an autoscaling cluster changes nothing trained.
+    "wait_for_resources",
 }  # fmt: skip
 
 
