@@ -154,7 +154,7 @@ def train_epoch(
             _print_progress(
                 cfg, start, index, loss_sum.item() / seen, trained, last_report - started
             )
-        if boundary and _max_steps_reached(cfg, progress.step):
+        if boundary and max_steps_reached(cfg, progress.step):
             end = replace(start, batch=index + 1)  # where a re-run with more steps resumes
             break
         if boundary and _checkpoint_due(cfg, progress.step) and index + 1 < batches:
@@ -165,7 +165,8 @@ def train_epoch(
     return EpochSegment(end, EpochSums(loss_sum.item(), seen), trained, skipped, checkpoint_due)
 
 
-def _max_steps_reached(cfg: TrainConfig, step: int) -> bool:
+def max_steps_reached(cfg: TrainConfig, step: int) -> bool:
+    """``--max-steps`` optimizer steps have been taken (the run stops there)."""
     return bool(cfg.max_steps) and step >= cfg.max_steps  # type: ignore[operator]
 
 

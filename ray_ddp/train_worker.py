@@ -40,7 +40,7 @@ from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import StepTimer
-from ray_ddp.train_epoch import EpochPosition, EpochTools, train_epoch
+from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState, unwrap
 from ray_ddp.worker import Worker, rank_rows, start_worker
@@ -129,11 +129,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     tools = epoch_tools(cfg, worker, channels_last)
     run = RunSoFar()
     progress = state.progress
-    if progress.epoch >= cfg.epochs or _max_steps_reached(cfg, progress.step):
+    if progress.epoch >= cfg.epochs or max_steps_reached(cfg, progress.step):
         worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
     try:
         for epoch in range(progress.epoch, cfg.epochs):
-            if _max_steps_reached(cfg, progress.step):
+            if max_steps_reached(cfg, progress.step):
                 break
             steps_before, syncs_before = progress.step, counter.syncs if counter else 0
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
@@ -388,7 +388,3 @@ def log_epoch(
     worker.log(reporting.worker_table(per_rank))
     if tools.logs is not None:
         tools.logs.epoch(metrics, per_rank)
-
-
-def _max_steps_reached(cfg: TrainConfig, step: int) -> bool:
-    return bool(cfg.max_steps) and step >= cfg.max_steps  # type: ignore[operator]
