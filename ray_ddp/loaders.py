@@ -110,10 +110,10 @@ def make_loaders(
     # Our own DistributedSampler (Ray would add one with seed 0): the data order follows
     # --seed, changes every epoch through set_epoch, and is the same on a re-run.
     # drop_last=False on the sampler pads ranks to equal length (repeating at most
-    # world_size - 1 samples), so every rank runs the same number of steps (a rank with
-    # fewer would hang the others in all-reduce); drop_last=False on the loader trains
-    # every sample every epoch, the last micro-batch being smaller (train_epoch weighs it
-    # by its size).
+    # world_size - 1 samples, plus one per rank to avoid a 1-sample tail), so every rank
+    # runs the same number of steps (a rank with fewer would hang the others in
+    # all-reduce); drop_last=False on the loader trains every sample every epoch, the last
+    # micro-batch being smaller (train_epoch weighs it by its size).
     augmented = has_random_transform(cfg)
     train_sampler = ResumableSampler(
         train_ds,
