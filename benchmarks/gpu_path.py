@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ray_ddp.comm_stats import attach_counter  # noqa: E402
 from ray_ddp.config import TrainConfig  # noqa: E402
+from ray_ddp.image_classification import ImageClassification  # noqa: E402
 from ray_ddp.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.models import build_model  # noqa: E402
 from ray_ddp.optim import build_optimizer, build_scheduler  # noqa: E402
@@ -107,6 +108,7 @@ def run(
     scheduler = build_scheduler(cfg, optimizer, steps)
     state = TrainState(model, optimizer, scheduler, scaler or grad_scaler(amp, device))
     tools = EpochTools(
+        ImageClassification(),  # the built-in task's loss: cross-entropy on class scores
         device,
         StepTimer(),
         LossGuard(device, rank=0, check_every=cfg.log_every_steps),

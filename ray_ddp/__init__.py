@@ -1,12 +1,20 @@
 """ray_ddp: distributed PyTorch (DDP) training orchestrated by Ray Train.
 
+The public API (see ``task`` for the interface and the README, "Your own model")::
+
+    from ray_ddp import Sum, Task, TrainConfig, fit, load_model
+
 Modules, one job each (the driver's side first, then the workers', then the parts both use):
+    task           the Task interface: your model, data, loss and metrics
+    task_check     --task package.module:Name found, and checked before Ray starts
+    image_classification  the built-in task: classifying images by --dataset, --model
     cli            the three entry points (train, tune, evaluate): argv -> exit code
     flags          command-line flags generated from the config dataclasses
     config         TrainConfig and SweepConfig: every field, its flag, help and checks
-    preflight      what can be refused without Ray (config, model, data, checkpoint)
+    preflight      what can be refused without Ray (config, task, data, checkpoint)
+    model_probe    does a built-in classifier run on the data's images (meta device)
     cluster        connect, size the request against the cluster, shared storage
-    trainer        the TorchTrainer for a run, its fit and its summary
+    trainer        fit(): the TorchTrainer for a run, its fit and its summary
     tune           Ray Tune sweeps; sweep_results: their table, CSV and plot
     evaluate_job   jobs/evaluate.py: a checkpoint evaluated by N workers
     rerun_guard    a re-run of a --name must be the same training
@@ -34,4 +42,28 @@ Modules, one job each (the driver's side first, then the workers', then the part
     export         the best checkpoint for inference without Ray
 """
 
+from __future__ import annotations
+
+from typing import Any
+
 __version__ = "0.1.0"
+
+# Imported when first used, so that ``import ray_ddp.config`` (the entry points' first
+# import, before bad flags are refused) does not import torch.
+_PUBLIC = {
+    "Task": "ray_ddp.task",
+    "Sum": "ray_ddp.task",
+    "TrainConfig": "ray_ddp.config",
+    "ConfigError": "ray_ddp.config",
+    "fit": "ray_ddp.trainer",
+    "load_model": "ray_ddp.checkpoint",
+}
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _PUBLIC:
+        raise AttributeError(f"module 'ray_ddp' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_PUBLIC[name]), name)

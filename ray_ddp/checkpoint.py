@@ -71,7 +71,7 @@ def save_state(
     state: TrainState,
     *,
     config: dict[str, Any],
-    model_meta: dict[str, Any],
+    task_meta: dict[str, Any],
     rng_per_rank: list[dict[str, Any]],
     epoch_partial: list[EpochSums] | None = None,
 ) -> str:
@@ -88,7 +88,7 @@ def save_state(
         "scaler": state.scaler.state_dict(),
         "progress": asdict(state.progress),
         "config": config,
-        "model_meta": model_meta,
+        "task_meta": task_meta,
         "rng": rng_per_rank,
         "epoch_partial": [[s.loss_sum, s.samples] for s in epoch_partial or []],
     }
@@ -113,19 +113,36 @@ def load_state(directory: str) -> dict[str, Any]:
     return state
 
 
-def model_meta(model: str, num_classes: int, input_shape: tuple[int, ...]) -> dict[str, Any]:
-    """What a checkpoint records about its model, and what a resume is checked against."""
-    return {"model": model, "num_classes": num_classes, "input_shape": list(input_shape)}
+def task_meta(task_spec: str, facts: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records about its model: the task that builds it and the facts it
+    was built from (what a resume is checked against, and how evaluation rebuilds it)."""
+    return {"task": task_spec, "facts": facts}
 
 
-def check_compatible(state: dict[str, Any], model_meta: dict[str, Any], source: str) -> None:
-    """Refuse a checkpoint whose model or class count differs from this run's."""
-    saved = state.get("model_meta", {})
-    for key in ("model", "num_classes", "input_shape"):
-        if key in saved and key in model_meta and list_or(saved[key]) != list_or(model_meta[key]):
+def saved_task_meta(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's task meta; those written before tasks existed hold the image
+    classifier's facts under ``model_meta``."""
+    if "task_meta" in state:
+        return state["task_meta"]
+    from ray_ddp.config import BUILTIN_TASK
+
+    return task_meta(BUILTIN_TASK, dict(state.get("model_meta", {})))
+
+
+def check_compatible(state: dict[str, Any], meta: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint of another task, or whose model was built from other facts."""
+    saved = saved_task_meta(state)
+    if saved["task"] != meta["task"]:
+        raise CheckpointError(
+            f"{source} was saved by task {saved['task']}, this run's is {meta['task']}; "
+            "use a matching --task or a fresh --name"
+        )
+    facts = meta["facts"]
+    for key, value in saved["facts"].items():
+        if key in facts and list_or(value) != list_or(facts[key]):
             raise CheckpointError(
-                f"{source} was saved with {key}={saved[key]}, this run has "
-                f"{key}={model_meta[key]}; use a matching --model/--dataset or a fresh --name"
+                f"{source} was saved with {key}={value}, this run has {key}={facts[key]}; "
+                "use matching flags and data, or a fresh --name"
             )
 
 
@@ -133,13 +150,24 @@ def list_or(value: Any) -> Any:
     return list(value) if isinstance(value, (tuple, list)) else value
 
 
-def load_model(directory: str) -> torch.nn.Module:
-    """A plain (unwrapped, non-distributed) model with the checkpoint's weights, for
-    evaluation or inference without Ray."""
-    from ray_ddp.models import build_model
+def load_model(directory: str, task: Any = None) -> torch.nn.Module:
+    """A plain (unwrapped, non-distributed) model with the checkpoint's weights, in eval
+    mode, for evaluation or inference without Ray. ``task``: the Task that trained it
+    (default: the one the checkpoint names, imported)."""
+    from ray_ddp.task_check import load_task
 
     state = load_state(directory)
-    meta = state["model_meta"]
-    model = build_model(meta["model"], tuple(meta["input_shape"]), meta["num_classes"])
+    meta = saved_task_meta(state)
+    task = task if task is not None else load_task(meta["task"])
+    model = task.model(saved_config(state), meta["facts"])
     model.load_state_dict(state["model"])
     return model.eval()
+
+
+def saved_config(state: dict[str, Any]) -> Any:
+    """The TrainConfig a checkpoint was trained with (fields unknown to this version are
+    dropped: a checkpoint of an older or newer ray_ddp still loads)."""
+    from ray_ddp.config import TrainConfig
+
+    known = TrainConfig.__dataclass_fields__
+    return TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})

@@ -28,7 +28,7 @@ EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
 # The TrainConfig fields jobs/evaluate.py may change in the config saved in a checkpoint.
 EVAL_OVERRIDES = (
     "num_workers", "cpus_per_worker", "use_gpu", "address", "data_dir", "batch_size",
-    "storage_path",
+    "storage_path", "task",
 )  # fmt: skip
 
 

@@ -15,9 +15,9 @@ import uuid
 from collections.abc import Sequence
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.datasets import DatasetInfo
-from ray_ddp.preflight import check_batch_fits, preflight
+from ray_ddp.preflight import PreparedTask, check_batch_fits, preflight
 from ray_ddp.storage import is_uri, storage_location
+from ray_ddp.task import Task
 
 DEFAULT_CPU_WORKERS = 2
 RESOURCE_POLL_S = 2.0
@@ -35,19 +35,20 @@ QUIET_LOCAL_RAY = {
 
 
 def prepare_cluster_run(
-    cfg: TrainConfig, batch_sizes: Sequence[int] = ()
-) -> tuple[TrainConfig, DatasetInfo]:
-    """Preflight, connect, resolve the workers, re-check the batch now that the worker
-    count is known, and make the storage absolute and shared. Returns the resolved config
-    (``num_workers`` and ``use_gpu`` set, ``storage_path`` absolute or a URI)."""
-    info = preflight(cfg, batch_sizes)
+    cfg: TrainConfig, batch_sizes: Sequence[int] = (), task: Task | None = None
+) -> tuple[TrainConfig, PreparedTask]:
+    """Preflight (of ``task``, else the one ``cfg.task`` names), connect, resolve the
+    workers, re-check the batch now that the worker count is known, and make the storage
+    absolute and shared. Returns the resolved config (``num_workers`` and ``use_gpu`` set,
+    ``storage_path`` absolute or a URI) and the checked task."""
+    prepared = preflight(cfg, batch_sizes, task)
     connect(cfg.address)
     cfg = resolve_scaling(cfg)
     for batch_size in batch_sizes or [cfg.batch_size]:
-        check_batch_fits(cfg, info, batch_size)
+        check_batch_fits(cfg, prepared.train_size, batch_size)
     cfg = dataclasses.replace(cfg, storage_path=storage_location(cfg.storage_path))
     check_shared_storage(cfg.storage_path)
-    return cfg, info
+    return cfg, prepared
 
 
 def connect(address: str | None) -> None:

@@ -25,6 +25,13 @@ DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "pa
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 AUGMENT_POLICIES = ("none", "crop", "crop-flip", "autoaugment", "trivialaugment")
+BUILTIN_TASK = "ray_ddp.image_classification:ImageClassification"
+# Flags that configure the built-in image classification only: a task of your own builds
+# its own data and model, so setting one of them with --task is refused, not ignored.
+IMAGE_TASK_FIELDS = (
+    "dataset", "download", "image_size", "augment", "label_column", "image_column",
+    "feature_column", "model",
+)  # fmt: skip
 
 
 class ConfigError(ValueError):
@@ -97,6 +104,12 @@ class TrainConfig:
     dataset."""
     max_steps: int | None = option(None, bound=POSITIVE, resume_safe=True)
     """Stop after this many optimizer steps in total (smoke tests, benchmarks)."""
+
+    # --- task (what is trained) ---
+    task: str = "ray_ddp.image_classification:ImageClassification"
+    """What to train: ``package.module:Name`` of a ``ray_ddp.Task`` subclass or instance
+    (your model, data, loss and metrics; see the README, "Your own model"). The default
+    is the built-in image classification, which the data and model flags below configure."""
 
     # --- data ---
     dataset: str = option("synthetic", choices=DATASETS)
@@ -227,11 +240,22 @@ def validate(cfg: TrainConfig) -> None:
     problem = first_problem(cfg)
     if problem:
         raise ConfigError(problem)
+    if cfg.task != BUILTIN_TASK:
+        defaults = TrainConfig()
+        changed = [n for n in IMAGE_TASK_FIELDS if getattr(cfg, n) != getattr(defaults, n)]
+        # augment "none" is what jobs/evaluate.py sets to evaluate a train split.
+        changed = [n for n in changed if (n, cfg.augment) != ("augment", "none")]
+        if changed:
+            flag = "--" + changed[0].replace("_", "-")
+            raise ConfigError(
+                f"{flag} configures the built-in image classification; --task {cfg.task} "
+                "builds its own data and model (give it settings in the task itself)"
+            )
     if cfg.amp == "fp16" and cfg.use_gpu is False:
         raise ConfigError(
             "--amp fp16 needs GPUs (GradScaler is CUDA-only); use --amp bf16 on CPU workers"
         )
-    if cfg.dataset != "synthetic" and not cfg.data_dir:
+    if cfg.task == BUILTIN_TASK and cfg.dataset != "synthetic" and not cfg.data_dir:
         raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir DIR")
     if cfg.feature_column and cfg.dataset != "parquet":
         raise ConfigError("--feature-column only applies to --dataset parquet")

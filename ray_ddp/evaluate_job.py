@@ -1,8 +1,9 @@
 """``jobs/evaluate.py``: evaluate a checkpoint with N Ray workers.
 
 The same exact sharded evaluation as training's validation (``sharded_eval``: each
-sample on exactly one rank, sums all-reduced), plus per-class counts and, optionally,
-every sample's prediction written to Parquet. The checkpoint may be a local directory or
+sample on exactly one rank, sums all-reduced) with the task's ``evaluation_metrics``
+(per-class accuracy for the built-in classification) and, optionally, every sample's
+``predictions`` written to Parquet. The checkpoint may be a local directory or
 a storage URI.
 """
 
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.task import Task
 
 SPLITS = ("val", "train")
 
@@ -24,48 +26,33 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     from torch.utils.data import DataLoader
 
     from ray_ddp.checkpoint import load_model
-    from ray_ddp.datasets import build_datasets
     from ray_ddp.sharded_eval import ShardSampler, evaluate
     from ray_ddp.worker import start_worker
 
     cfg = TrainConfig.from_dict(config["train"])
+    task = config["task"]
     worker = start_worker(cfg.cpus_per_worker)
     with ray.train.Checkpoint(config["checkpoint"]).as_directory() as directory:
-        model = load_model(directory).to(worker.device)
-    train_ds, val_ds, info = build_datasets(dataclasses.replace(cfg, download=False), augment=False)
+        model = load_model(directory, task).to(worker.device)
+    train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), config["facts"])
     dataset = val_ds if config["split"] == "val" else train_ds
     sampler = ShardSampler(len(dataset), worker.rank, worker.world_size)  # type: ignore[arg-type]
     loader = ray.train.torch.prepare_data_loader(
-        DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler),
+        DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, collate_fn=task.collate),
         add_dist_sampler=False,
     )
     result = evaluate(
-        model,
-        loader,
-        worker.device,
-        cfg.amp,
-        num_classes=info.num_classes,
-        predictions=config["predictions"],
+        model, loader, worker.device, task, cfg.amp, full=True, predictions=config["predictions"]
     )
-    ray.train.report({"count": result.count})
+    ray.train.report({"samples": result.samples})
     if not worker.is_main:
         return None
-    names = getattr(getattr(dataset, "dataset", dataset), "classes", None)
     return {
-        "loss": result.loss,
-        "accuracy": result.accuracy,
-        "correct": result.correct,
-        "count": result.count,
-        "per_class": [
-            {
-                "class": c,
-                "name": str(names[c]) if names is not None and c < len(names) else str(c),
-                "correct": result.class_correct[c],
-                "count": result.class_count[c],
-            }
-            for c in range(info.num_classes)
-        ],
+        "metrics": task.summarize(result.means),
+        "sums": {name: list(pair) for name, pair in result.sums.items()},
+        "samples": result.samples,
         "predictions": result.predictions,
+        "columns": result.columns,
     }
 
 
@@ -75,7 +62,7 @@ def run_evaluation(
     """Validate, connect, evaluate with N workers; write predictions; return the results."""
     import ray.train
 
-    from ray_ddp.checkpoint import CheckpointError, load_state
+    from ray_ddp.checkpoint import CheckpointError, load_state, saved_config
     from ray_ddp.cluster import prepare_cluster_run
     from ray_ddp.trainer import build_trainer
 
@@ -88,21 +75,29 @@ def run_evaluation(
         raise ConfigError(str(exc)) from exc
     except (FileNotFoundError, OSError) as exc:
         raise ConfigError(f"cannot open checkpoint {checkpoint}: {exc}") from exc
-    saved = {k: v for k, v in state["config"].items() if k in TrainConfig.__dataclass_fields__}
     cfg = dataclasses.replace(
-        TrainConfig.from_dict(saved),
+        saved_config(state),
         resume_from=None,
         name=f"eval-{time.strftime('%Y%m%d-%H%M%S')}",
         **{k: v for k, v in overrides.items() if v is not None},
     )
-    cfg, _ = prepare_cluster_run(cfg)
+    cfg, prepared = prepare_cluster_run(cfg)
+    if predictions_path and type(prepared.task).predictions is Task.predictions:
+        raise ConfigError(
+            f"--predictions: task {cfg.task} defines no predictions() (per-sample columns)"
+        )
+    if split == "train":
+        cfg = dataclasses.replace(cfg, augment="none")  # evaluated as it is, not augmented
     if "://" not in checkpoint:
         checkpoint = os.path.abspath(checkpoint)
     trainer = build_trainer(
         cfg,
+        prepared,
         loop=eval_loop_per_worker,
         loop_config={
             "train": cfg.to_dict(),
+            "task": prepared.task,
+            "facts": prepared.facts,
             "checkpoint": checkpoint,
             "split": split,
             "predictions": predictions_path is not None,
@@ -110,42 +105,48 @@ def run_evaluation(
     )
     results = trainer.fit().return_value
     results.update(checkpoint=checkpoint, split=split, world_size=cfg.num_workers)
+    columns = results.pop("columns")
     if predictions_path:
-        write_predictions(results.pop("predictions"), predictions_path)
+        write_predictions(results.pop("predictions"), columns, predictions_path)
         results["predictions_path"] = predictions_path
     else:
         results.pop("predictions")
     return results
 
 
-def write_predictions(rows: list[tuple[int, int, int, float]], path: str) -> None:
+def write_predictions(rows: list[tuple], columns: list[str], path: str) -> None:
+    """One row per sample: its dataset ``index`` and the task's prediction columns."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    index, label, predicted, confidence = zip(*rows, strict=True) if rows else ([], [], [], [])
-    table = pa.table(
-        {
-            "index": pa.array(index, pa.int64()),
-            "label": pa.array(label, pa.int64()),
-            "predicted": pa.array(predicted, pa.int64()),
-            "confidence": pa.array(confidence, pa.float32()),
-        }
-    )
+    names = ["index", *columns]
+    values = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
+    table = pa.table({name: pa.array(column) for name, column in zip(names, values, strict=True)})
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(table, path)
 
 
 def results_text(results: dict[str, Any]) -> str:
+    """The metrics, then any breakdown (``acc/<class>``) as a table with its sums."""
     lines = [
         f"checkpoint: {results['checkpoint']}",
-        f"split {results['split']}: {results['count']} samples on {results['world_size']} "
-        f"workers  loss {results['loss']:.4f}  accuracy {100 * results['accuracy']:.2f}% "
-        f"({results['correct']}/{results['count']})",
-        f"{'class':>5}  {'name':<16} {'count':>6}  {'accuracy':>8}",
+        f"split {results['split']}: {results['samples']} samples on {results['world_size']} "
+        "workers",
     ]
-    for row in results["per_class"]:
-        acc = f"{100 * row['correct'] / row['count']:.2f}%" if row["count"] else "-"
-        lines.append(f"{row['class']:>5}  {row['name'][:16]:<16} {row['count']:>6}  {acc:>8}")
+    sums = results["sums"]
+    top = {k: v for k, v in results["metrics"].items() if "/" not in k}
+    lines.append("  ".join(f"{k} {_shown(v)}" for k, v in top.items()))
+    breakdown = [k for k in results["metrics"] if "/" in k]
+    if breakdown:
+        lines.append(f"{'metric':<24} {'value':>10} {'total':>10} {'count':>8}")
+        for name in breakdown:
+            total, count = sums.get(name, (float("nan"), 0))
+            value = _shown(results["metrics"][name]) if count else "-"
+            lines.append(f"{name[:24]:<24} {value:>10} {total:>10.6g} {count:>8.0f}")
     if "predictions_path" in results:
         lines.append(f"predictions: {results['predictions_path']}")
     return "\n".join(lines)
+
+
+def _shown(value: float) -> str:
+    return f"{value:.4f}"

@@ -1,6 +1,6 @@
-"""Export a checkpoint for inference without Ray: a plain ``state_dict`` file and a
-``torch.export`` program (``model.pt2``, batch dimension dynamic) with a small JSON that
-says what the model expects.
+"""Export a checkpoint for inference without Ray: a plain ``state_dict`` file, a
+``torch.export`` program (``model.pt2``, batch dimension dynamic) where the task gives
+example inputs, and a small JSON that says what the model expects.
 
     import torch
     program = torch.export.load("runs/<name>/export/model.pt2")
@@ -17,38 +17,50 @@ import os
 
 import torch
 
-from ray_ddp.checkpoint import load_model, load_state
+from ray_ddp.checkpoint import load_model, load_state, saved_config, saved_task_meta
 from ray_ddp.storage import atomic_path, is_uri, write_bytes
+from ray_ddp.task import Task
+from ray_ddp.task_check import load_task
 
 STATE_DICT_FILE = "model_state_dict.pt"
 PROGRAM_FILE = "model.pt2"
 META_FILE = "model.json"
 
 
-def export_checkpoint(checkpoint_dir: str, out_dir: str) -> dict[str, str]:
-    """Write the three files into ``out_dir``; returns their paths. Each is written to a
-    temporary name first, so a failed export never leaves a partial file."""
+def export_checkpoint(
+    checkpoint_dir: str, out_dir: str, task: Task | None = None
+) -> dict[str, str]:
+    """Write the files into ``out_dir``; returns their paths. The program is written when
+    the task gives ``example_inputs`` (the built-in classification does). Each file is
+    written to a temporary name first, so a failed export never leaves a partial file."""
     os.makedirs(out_dir, exist_ok=True)
-    meta = load_state(checkpoint_dir)["model_meta"]
-    model = load_model(checkpoint_dir)
-    files = {"state_dict": STATE_DICT_FILE, "program": PROGRAM_FILE, "meta": META_FILE}
-    paths = {name: os.path.join(out_dir, file) for name, file in files.items()}
+    state = load_state(checkpoint_dir)
+    meta = saved_task_meta(state)
+    task = task if task is not None else load_task(meta["task"])
+    model = load_model(checkpoint_dir, task)
+    paths = {"state_dict": os.path.join(out_dir, STATE_DICT_FILE)}
     with atomic_path(paths["state_dict"]) as tmp:
         torch.save(model.state_dict(), tmp)
-    example = torch.zeros(2, *meta["input_shape"])
-    program = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim.AUTO},))
-    with atomic_path(paths["program"]) as tmp:  # the temporary name keeps the .pt2 suffix
-        torch.export.save(program, tmp)
-    write_bytes(
-        paths["meta"],
-        json.dumps(
-            {**meta, "source_checkpoint": checkpoint_dir, "input_dtype": "float32"}
-        ).encode(),
-    )
+    described: dict = {**meta, "source_checkpoint": checkpoint_dir}
+    example = task.example_inputs(saved_config(state), meta["facts"])
+    if example is not None:
+        # Every input's batch dimension is dynamic; other sizes are whatever torch.export
+        # finds (Dim.AUTO: static where the model needs them fixed).
+        dynamic = tuple({0: torch.export.Dim.AUTO} for _ in example)
+        program = torch.export.export(model, tuple(example), dynamic_shapes=dynamic)
+        paths["program"] = os.path.join(out_dir, PROGRAM_FILE)
+        with atomic_path(paths["program"]) as tmp:  # the temporary name keeps .pt2
+            torch.export.save(program, tmp)
+        described["inputs"] = [
+            {"shape": list(t.shape[1:]), "dtype": str(t.dtype).removeprefix("torch.")}
+            for t in example
+        ]
+    paths["meta"] = os.path.join(out_dir, META_FILE)
+    write_bytes(paths["meta"], json.dumps(described).encode())
     return paths
 
 
-def export_best(checkpoint_path: str, run_dir: str) -> dict[str, str]:
+def export_best(task: Task, checkpoint_path: str, run_dir: str) -> dict[str, str]:
     """Export ``checkpoint_path`` (local or URI) into ``<run_dir>/export``."""
     import tempfile
 
@@ -56,9 +68,9 @@ def export_best(checkpoint_path: str, run_dir: str) -> dict[str, str]:
 
     with ray.train.Checkpoint(checkpoint_path).as_directory() as local_checkpoint:
         if not is_uri(run_dir):
-            return export_checkpoint(local_checkpoint, os.path.join(run_dir, "export"))
+            return export_checkpoint(local_checkpoint, os.path.join(run_dir, "export"), task)
         with tempfile.TemporaryDirectory() as staging:
-            paths = export_checkpoint(local_checkpoint, staging)
+            paths = export_checkpoint(local_checkpoint, staging, task)
             uploaded = {}
             for name, path in paths.items():
                 target = f"{run_dir}/export/{os.path.basename(path)}"

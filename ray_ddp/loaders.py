@@ -21,10 +21,10 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.seeding import sample_seed
 from ray_ddp.sharded_eval import ShardSampler
-from ray_ddp.transforms import has_random_transform
+from ray_ddp.task import Task
 
 
 class ResumableSampler(DistributedSampler):
@@ -89,11 +89,13 @@ def loader_workers(cfg: TrainConfig) -> int:
     if cfg.loader_workers is not None:
         return cfg.loader_workers
     # The built-in dataset is tensors in memory: worker processes would only add IPC.
-    return 0 if cfg.dataset == "synthetic" else min(4, int(cfg.cpus_per_worker))
+    in_memory = cfg.task == BUILTIN_TASK and cfg.dataset == "synthetic"
+    return 0 if in_memory else min(4, int(cfg.cpus_per_worker))
 
 
 def make_loaders(
     cfg: TrainConfig,
+    task: Task,
     train_ds: Dataset,
     val_ds: Dataset,
     rank: int,
@@ -106,6 +108,7 @@ def make_loaders(
         "num_workers": workers,
         "pin_memory": pin,
         "persistent_workers": workers > 0,
+        "collate_fn": task.collate,
     }
     # Our own DistributedSampler (Ray would add one with seed 0): the data order follows
     # --seed, changes every epoch through set_epoch, and is the same on a re-run.
@@ -114,7 +117,7 @@ def make_loaders(
     # runs the same number of steps (a rank with fewer would hang the others in
     # all-reduce); drop_last=False on the loader trains every sample every epoch, the last
     # micro-batch being smaller (train_epoch weighs it by its size).
-    augmented = has_random_transform(cfg)
+    augmented = task.random_samples(cfg)
     train_sampler = ResumableSampler(
         train_ds,
         batch_size=cfg.batch_size,

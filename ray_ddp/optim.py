@@ -4,20 +4,27 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from ray_ddp.config import TrainConfig
 
 
-def build_optimizer(
-    cfg: TrainConfig, params: Iterable[torch.nn.Parameter]
-) -> torch.optim.Optimizer:
+def build_optimizer(cfg: TrainConfig, params: Iterable[Any]) -> torch.optim.Optimizer:
+    """AdamW or SGD over ``params``: parameters, or param-group dicts (a task's
+    ``param_groups``) that may set their own ``weight_decay`` and an ``lr_scale``, a factor
+    on the schedule's lr that the group keeps (so a resume applies it to a new --lr too)."""
+    groups = [dict(g) if isinstance(g, dict) else {"params": [g]} for g in params]
+    if groups and all(set(g) == {"params"} for g in groups):
+        groups = [{"params": [p for g in groups for p in g["params"]]}]  # one plain group
+    for group in groups:
+        group["lr"] = cfg.lr * group.setdefault("lr_scale", 1.0)
     if cfg.optimizer == "sgd":
         return torch.optim.SGD(
-            params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         )
-    return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -81,30 +88,37 @@ def set_schedule_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -
     scheduler._last_lr = lrs  # what get_last_lr() returns
 
 
+def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Each group's settings that come from the flags and the task, not from training:
+    what :func:`apply_hyperparameters` puts back after a checkpoint's state is loaded."""
+    keys = ("weight_decay", "momentum", "lr_scale")
+    return [{k: g[k] for k in keys if k in g} for g in optimizer.param_groups]
+
+
 def apply_hyperparameters(
     cfg: TrainConfig,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
+    fresh: list[dict[str, Any]],
 ) -> list[str]:
-    """After loading a checkpoint's optimizer and schedule: the configured peak lr,
-    weight decay and momentum replace the saved ones (``load_state_dict`` restores a
-    param group's hyperparameters with its state). Returns ``name old -> new`` for each
-    value that changed, for the resume line."""
+    """After loading a checkpoint's optimizer and schedule: the configured peak lr and
+    the groups' ``fresh`` settings (:func:`hyperparameters` of the optimizer as built from
+    the flags and the task) replace the saved ones (``load_state_dict`` restores a group's
+    hyperparameters with its state). Returns ``name old -> new`` for each value that
+    changed, for the resume line."""
     changes = []
-    wanted = {"weight_decay": cfg.weight_decay}
-    if cfg.optimizer == "sgd":
-        wanted["momentum"] = cfg.momentum
-    for key, value in wanted.items():
-        old = optimizer.param_groups[0].get(key)
-        if old is not None and old != value:
-            changes.append(f"{key.replace('_', ' ')} {old:g} -> {value:g}")
-        for group in optimizer.param_groups:
+    old_lr = scheduler.base_lrs[0] / optimizer.param_groups[0].get("lr_scale", 1.0)
+    for group, wanted in zip(optimizer.param_groups, fresh, strict=True):
+        for key, value in wanted.items():
+            old = group.get(key)
+            note = f"{key.replace('_', ' ')} {old:g} -> {value:g}" if old is not None else ""
+            if old is not None and old != value and note not in changes:
+                changes.append(note)
             group[key] = value
-    old_lr = scheduler.base_lrs[0]
-    if old_lr != cfg.lr:
+    if not math.isclose(old_lr, cfg.lr, rel_tol=1e-12):
         changes.append(f"peak lr {old_lr:g} -> {cfg.lr:g}")
-    scheduler.base_lrs = [cfg.lr] * len(optimizer.param_groups)
-    for group in optimizer.param_groups:
-        group["initial_lr"] = cfg.lr
+    scheduler.base_lrs = [cfg.lr * g.get("lr_scale", 1.0) for g in optimizer.param_groups]
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
+        group["initial_lr"] = base
     set_schedule_step(scheduler, scheduler.last_epoch)
     return changes

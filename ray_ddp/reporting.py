@@ -27,10 +27,14 @@ def batch_line(per_worker: int, workers: int, accum: int) -> str:
     )
 
 
+def validation(m: dict[str, Any]) -> str:
+    """The ``val_*`` metrics of ``m``, in their order, as ``name value`` pairs."""
+    return "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k.startswith("val_"))
+
+
 def epoch_line(m: dict[str, Any], epochs: int) -> str:
     line = (
-        f"epoch {m['epoch']:>3}/{epochs}  train_loss {m['train_loss']:.4f}  "
-        f"val_loss {m['val_loss']:.4f}  val_acc {100 * m['val_acc']:6.2f}%  "
+        f"epoch {m['epoch']:>3}/{epochs}  train_loss {m['train_loss']:.4f}  {validation(m)}  "
         f"lr {m['lr']:.2e}  {m['samples_per_s']:8.0f} samples/s  {m['epoch_s']:6.1f} s"
     )
     if "allreduces_per_step" in m:
@@ -93,12 +97,11 @@ def summary_text(summary: dict[str, Any]) -> str:
         f"epochs:       {summary['epochs_completed']} of {summary['epochs']}",
     ]
     if final:
-        lines.append(
-            f"final:        val_loss {final['val_loss']:.4f}  val_acc {100 * final['val_acc']:.2f}%"
-        )
+        lines.append(f"final:        {validation(final)}")
     if best:
+        score = summary["score"]
         lines.append(
-            f"best:         val_acc {100 * best['val_acc']:.2f}% at epoch {best['epoch']}  "
+            f"best:         {score} {best[score]:.4f} at epoch {best['epoch']}  "
             f"-> {best['checkpoint']}"
         )
     lines.append(

@@ -11,7 +11,7 @@ import ray.train
 
 from ray_ddp.checkpoint import CheckpointError, load_state, restore_rng
 from ray_ddp.config import TrainConfig
-from ray_ddp.optim import apply_hyperparameters, set_schedule_step
+from ray_ddp.optim import apply_hyperparameters, hyperparameters, set_schedule_step
 from ray_ddp.seeding import seed_step_randomness
 from ray_ddp.storage import list_checkpoints
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState
@@ -80,7 +80,7 @@ def restore_training(
     saved = restored.state
     notes = _restore_optimizer(saved, state, cfg)
     notes += _restore_scaler(saved, state)
-    progress = state.progress = TrainProgress(**saved["progress"])
+    progress = state.progress = TrainProgress.from_saved(saved["progress"])
     saved_world = len(saved["rng"])
     sums = EpochSums()
     if saved_world == worker.world_size:
@@ -114,13 +114,14 @@ def restore_training(
 
 def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfig) -> list[str]:
     notes = []
+    fresh = hyperparameters(state.optimizer)
     saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
     if saved_kind == cfg.optimizer:
         state.optimizer.load_state_dict(saved["optimizer"])
     else:  # AdamW's moments mean nothing to SGD (and the other way round)
         notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
-    changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler)
+    changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler, fresh)
     return notes + [f"{change} (from the flags)" for change in changes]
 
 

@@ -18,10 +18,17 @@ from ray_ddp.storage import is_uri, write_bytes
 METRICS_CSV = "metrics.csv"
 CURVES_PNG = "curves.png"
 TB_DIR = "tensorboard"
+# The columns of metrics.csv around the task's validation metrics (``val_*``).
 CSV_FIELDS = (
-    "epoch", "step", "train_loss", "val_loss", "val_acc", "lr", "samples_per_s", "epoch_s",
+    "epoch", "step", "train_loss", "lr", "samples_per_s", "epoch_s",
     "speed_max_min", "memory_max_min", "peak_memory_mb",
 )  # fmt: skip
+
+
+def csv_fields(metrics: dict[str, Any]) -> list[str]:
+    """metrics.csv's header: epoch, step, train_loss, the val_* metrics, then the rest."""
+    validation = [k for k in metrics if k.startswith("val_")]
+    return [*CSV_FIELDS[:3], *validation, *CSV_FIELDS[3:]]
 
 
 class RunLogs:
@@ -45,14 +52,23 @@ class RunLogs:
     def epoch(self, metrics: dict[str, Any], per_rank: list[dict[str, Any]]) -> None:
         path = os.path.join(self.local_dir, METRICS_CSV)
         new = not os.path.exists(path)
+        if new:
+            fields = csv_fields(metrics)
+        else:  # a resumed run appends under the header the run started with
+            with open(path, newline="") as f:
+                fields = next(csv.reader(f))
         with open(path, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
             if new:
                 writer.writeheader()
             writer.writerow(metrics)
         if self.writer is not None:
             epoch = metrics["epoch"]
-            for key in ("val_loss", "val_acc", "train_loss", "samples_per_s"):
+            for key in (
+                "train_loss",
+                *(k for k in metrics if k.startswith("val_")),
+                "samples_per_s",
+            ):
                 self.writer.add_scalar(f"epoch/{key}", metrics[key], epoch)
             for row in per_rank:
                 self.writer.add_scalar(
@@ -97,23 +113,21 @@ def read_metrics(path: str) -> list[dict[str, float]]:
 
 
 def render_curves(rows: list[dict[str, float]]) -> bytes:
-    """Loss (train and validation) and validation accuracy against epoch, as PNG bytes."""
+    """Loss (train and validation), and each other validation metric, against epoch, as
+    PNG bytes (the best epoch of the first one marked, by its direction when known)."""
     epochs = [r["epoch"] for r in rows]
+    others = [k for k in rows[-1] if k.startswith("val_") and k != "val_loss"]
     fig, (loss_ax, acc_ax) = figure(2, (10, 4))
     loss_ax.plot(epochs, [r["train_loss"] for r in rows], marker="o", label="train")
-    loss_ax.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="validation")
+    if "val_loss" in rows[-1]:
+        loss_ax.plot(epochs, [r["val_loss"] for r in rows], marker="o", label="validation")
     loss_ax.set_title("loss")
     loss_ax.legend()
-    acc_ax.plot(epochs, [100 * r["val_acc"] for r in rows], marker="o", color="tab:green")
-    best = max(rows, key=lambda r: r["val_acc"])
-    acc_ax.annotate(
-        f"best {100 * best['val_acc']:.2f}%",
-        (best["epoch"], 100 * best["val_acc"]),
-        textcoords="offset points",
-        xytext=(0, -15),
-        ha="center",
-    )
-    acc_ax.set_title("validation accuracy (%)")
+    for key in others:
+        acc_ax.plot(epochs, [r.get(key, float("nan")) for r in rows], marker="o", label=key)
+    if others:
+        acc_ax.legend()
+    acc_ax.set_title("validation metrics")
     for ax in (loss_ax, acc_ax):
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)

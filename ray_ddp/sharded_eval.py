@@ -3,23 +3,24 @@
 ``DistributedSampler`` pads the dataset with repeated samples so every rank gets the same
 count; evaluating through it counts those repeats twice. Here each rank takes every
 world_size-th sample from its rank on (no padding: ranks may differ by one sample), sums
-loss and correct predictions over its share, and one all-reduce of the sums gives figures
-equal to a single-process evaluation of the same weights. The training loop's validation
-and ``jobs/evaluate.py`` both use :func:`evaluate`.
+each of the task's metrics (a total and a count) over its share, and one all-reduce of
+the sums gives figures equal to a single-process evaluation of the same weights. The
+training loop's validation and ``jobs/evaluate.py`` both use :func:`evaluate`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.utils.data import Sampler
 
 from ray_ddp.collectives import all_gather, is_distributed
 from ray_ddp.precision import autocast
+from ray_ddp.task import Task
 
 
 class ShardSampler(Sampler[int]):
@@ -43,24 +44,21 @@ class ShardSampler(Sampler[int]):
 
 @dataclass(frozen=True)
 class EvalResult:
-    """Sums over every rank (each sample counted once)."""
+    """Every metric's sums over every rank (each sample counted once)."""
 
-    loss_sum: float
-    correct: int
-    count: int
-    class_correct: list[int] = field(default_factory=list)
-    """Per class, when asked for (``num_classes``)."""
-    class_count: list[int] = field(default_factory=list)
-    predictions: list[tuple[int, int, int, float]] = field(default_factory=list)
-    """(index, label, predicted, confidence) per sample, sorted, when asked for."""
-
-    @property
-    def loss(self) -> float:
-        return self.loss_sum / self.count if self.count else float("nan")
+    sums: dict[str, tuple[float, float]]
+    """name -> (total, count), summed over all batches and ranks."""
+    samples: int
+    """Samples evaluated, over all ranks (each once: the split's size)."""
+    predictions: list[tuple] = field(default_factory=list)
+    """(index, *columns) per sample, sorted by index, when asked for."""
+    columns: list[str] = field(default_factory=list)
+    """The names of the prediction columns after ``index``."""
 
     @property
-    def accuracy(self) -> float:
-        return self.correct / self.count if self.count else float("nan")
+    def means(self) -> dict[str, float]:
+        """total / count per metric: what a single-process evaluation gives."""
+        return {k: t / c if c else float("nan") for k, (t, c) in self.sums.items()}
 
 
 @torch.no_grad()
@@ -68,56 +66,80 @@ def evaluate(
     model: torch.nn.Module,
     loader,
     device: torch.device,
+    task: Task,
     amp: str = "off",
     *,
-    num_classes: int = 0,
+    full: bool = False,
     predictions: bool = False,
 ) -> EvalResult:
-    """Evaluate ``model`` on this rank's share of ``loader`` and sum over all ranks.
-    ``num_classes`` > 0 adds per-class counts; ``predictions`` collects every sample's
-    prediction (``loader`` must then use a :class:`ShardSampler`).
+    """Evaluate ``model`` on this rank's share of ``loader`` with the task's ``metrics``
+    (its ``evaluation_metrics`` if ``full``) and sum over all ranks. ``predictions``
+    collects the task's per-sample columns (``loader`` must then use a
+    :class:`ShardSampler`).
 
     Pass the unwrapped module: evaluation needs no gradient synchronisation, and a plain
     module cannot start a collective that ranks with fewer batches would never join.
     """
     was_training = model.training
     model.eval()
-    # float64 sums: exact for counts and stable for the loss whatever the split.
-    # [loss sum, correct, count, correct per class..., count per class...]: one all-reduce.
-    totals = torch.zeros(3 + 2 * num_classes, dtype=torch.float64, device=device)
-    rows: list[tuple[int, int, int, float]] = []
-    for inputs, targets in loader:
-        inputs, targets = inputs.to(device), targets.to(device)
+    measure = task.evaluation_metrics if full else task.metrics
+    totals: dict[str, torch.Tensor] = {}  # name -> [total, count], float64 on the device
+    rows: list[tuple] = []
+    columns: list[str] = []
+    samples = 0
+    for batch in loader:
+        batch = to_device(batch, device)
+        samples += task.batch_size(batch)
         with autocast(amp, device):
-            logits = model(inputs)
-        logits = logits.float()
-        predicted = logits.argmax(dim=1)
-        hit = (predicted == targets).double()
-        totals[0] += F.cross_entropy(logits, targets, reduction="sum").double()
-        totals[1] += hit.sum()
-        totals[2] += targets.numel()
-        if num_classes:
-            totals[3 : 3 + num_classes] += torch.bincount(
-                targets, weights=hit, minlength=num_classes
-            )
-            totals[3 + num_classes :] += torch.bincount(targets, minlength=num_classes).double()
-        if predictions:
-            sampler = loader.sampler
-            confidence = logits.softmax(dim=1).max(dim=1).values
-            for t, p, c in zip(targets.tolist(), predicted.tolist(), confidence.tolist(),
-                               strict=True):  # fmt: skip
-                rows.append((sampler.global_index(len(rows)), t, p, c))
+            sums = measure(model, batch)
+            extra = task.predictions(model, batch) if predictions else None
+        for name, (total, count) in sums.items():
+            pair = torch.stack([_as_float64(total, device), _as_float64(count, device)])
+            totals[name] = totals[name] + pair if name in totals else pair
+        if extra:
+            columns = list(extra)
+            start = len(rows)
+            values = [extra[c].float().tolist() if extra[c].is_floating_point()
+                      else extra[c].tolist() for c in columns]  # fmt: skip
+            for offset, row in enumerate(zip(*values, strict=True)):
+                rows.append((loader.sampler.global_index(start + offset), *row))
+    # A rank whose share is empty has no names: agree on them (in the task's order) first,
+    # then one all-reduce.
+    names: list[str] = []
+    for part in all_gather(list(totals)):
+        names += [n for n in part if n not in names]
+    zero = torch.zeros(2, dtype=torch.float64, device=device)
+    vector = torch.stack([totals.get(n, zero) for n in names] + [zero + samples])
     if is_distributed():
-        dist.all_reduce(totals)
+        dist.all_reduce(vector)
     if predictions:
         rows = sorted(row for part in all_gather(rows) for row in part)
+        columns = next((c for c in all_gather(columns) if c), columns)
     model.train(was_training)
-    values = totals.tolist()
+    values = vector.tolist()
     return EvalResult(
-        loss_sum=values[0],
-        correct=int(values[1]),
-        count=int(values[2]),
-        class_correct=[int(v) for v in values[3 : 3 + num_classes]],
-        class_count=[int(v) for v in values[3 + num_classes :]],
+        sums={n: (v[0], v[1]) for n, v in zip(names, values[:-1], strict=True)},
+        samples=int(values[-1][0]),
         predictions=rows,
+        columns=columns,
     )
+
+
+def _as_float64(value: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value.detach().to(device=device, dtype=torch.float64).reshape(())
+    return torch.tensor(float(value), dtype=torch.float64, device=device)
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """Tensors of a batch (nested in tuples, lists and dicts) on ``device``; a loader
+    prepared by Ray has moved them already, which makes this a no-op."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch

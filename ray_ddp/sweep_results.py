@@ -12,11 +12,9 @@ from ray_ddp.config import global_batch
 from ray_ddp.plots import figure, integer_ticks, png_bytes
 from ray_ddp.storage import write_bytes
 
-METRIC, MODE = "val_acc", "max"
-
 CSV_FIELDS = (
-    "trial", "lr", "batch_size", "global_batch_size", "epochs_run", "best_val_acc",
-    "best_val_loss", "final_val_acc", "status", "best_checkpoint",
+    "trial", "lr", "batch_size", "global_batch_size", "epochs_run", "metric", "best_value",
+    "best_val_loss", "final_value", "status", "best_checkpoint",
 )  # fmt: skip
 
 
@@ -27,8 +25,9 @@ def trial_lr(config: dict[str, Any]) -> float:
     return config["lr"] * scale
 
 
-def trial_row(result, epochs: int) -> dict[str, Any]:
-    """One trial of a ``ResultGrid``: its hyperparameters, best and final figures, curve."""
+def trial_row(result, epochs: int, metric: str = "val_acc", mode: str = "max") -> dict[str, Any]:
+    """One trial of a ``ResultGrid``: its hyperparameters, its best (by ``metric``, higher
+    or lower is better as ``mode`` says) and final figures, its curve."""
     frame = result.metrics_dataframe
     # A trial that failed before it reported anything may come back without its config.
     config = result.config or {}
@@ -43,30 +42,30 @@ def trial_row(result, epochs: int) -> dict[str, Any]:
             else None
         ),
         "epochs_run": 0,
-        "best_val_acc": None,
+        "metric": metric,
+        "best_value": None,
         "best_val_loss": None,
-        "final_val_acc": None,
+        "final_value": None,
         "status": "error" if result.error else "no result",
         "best_checkpoint": None,
         "curve": [],
     }
-    if frame is None or frame.empty or METRIC not in frame:
+    if frame is None or frame.empty or metric not in frame:
         return row
-    # Epoch reports only: a mid-epoch checkpoint's report carries no validation (-1).
-    frame = frame.dropna(subset=[METRIC])
+    # Epoch reports only: a mid-epoch checkpoint's report carries no validation.
+    frame = frame.dropna(subset=[metric])
     if "mid_epoch" in frame:
         frame = frame[frame["mid_epoch"] != True]  # noqa: E712 - NaN where absent
-    frame = frame[frame[METRIC] >= 0]
     if frame.empty:
         return row
-    best_index = frame[METRIC].idxmax()
+    best_index = frame[metric].idxmax() if mode == "max" else frame[metric].idxmin()
     row.update(
         epochs_run=int(frame["epoch"].max()),
-        best_val_acc=float(frame.loc[best_index, METRIC]),
-        best_val_loss=float(frame.loc[best_index, "val_loss"]),
-        final_val_acc=float(frame[METRIC].iloc[-1]),
+        best_value=float(frame.loc[best_index, metric]),
+        best_val_loss=float(frame.loc[best_index, "val_loss"]) if "val_loss" in frame else None,
+        final_value=float(frame[metric].iloc[-1]),
         best_checkpoint=frame.loc[best_index].get("checkpoint_path"),
-        curve=[(int(e), float(a)) for e, a in zip(frame["epoch"], frame[METRIC], strict=True)],
+        curve=[(int(e), float(a)) for e, a in zip(frame["epoch"], frame[metric], strict=True)],
     )
     if not result.error:
         row["status"] = "stopped early" if row["epochs_run"] < epochs else "finished"
@@ -87,18 +86,19 @@ def _plot(trials: list[dict[str, Any]]) -> bytes:
     fig, (left, right) = figure(2, (11, 4.2))
     markers = "osD^v<>ph*"
     for i, batch in enumerate(sorted({t["batch_size"] for t in trials} - {None})):
-        group = [t for t in trials if t["batch_size"] == batch and t["best_val_acc"] is not None]
+        group = [t for t in trials if t["batch_size"] == batch and t["best_value"] is not None]
         left.scatter(
             [t["lr"] for t in group],
-            [t["best_val_acc"] for t in group],
+            [t["best_value"] for t in group],
             marker=markers[i % len(markers)],
             s=60,
             label=f"batch {batch}/worker",
         )
     left.set_xscale("log")
     left.set_xlabel("learning rate (log)")
-    left.set_ylabel(f"best {METRIC}")
-    left.set_title("best validation accuracy by learning rate")
+    metric = next((t["metric"] for t in trials), "")
+    left.set_ylabel(f"best {metric}")
+    left.set_title(f"best {metric} by learning rate")
     left.legend()
     left.grid(alpha=0.3)
     for t in trials:
@@ -108,7 +108,7 @@ def _plot(trials: list[dict[str, Any]]) -> bytes:
             right.plot(epochs, accs, style, marker=".", label=f"{t['trial']} lr={t['lr']:.1e}")
     integer_ticks(right)
     right.set_xlabel("epoch")
-    right.set_ylabel(METRIC)
+    right.set_ylabel(metric)
     right.set_title("learning curves (dashed: stopped early)")
     right.grid(alpha=0.3)
     right.legend(fontsize=7)
@@ -116,20 +116,21 @@ def _plot(trials: list[dict[str, Any]]) -> bytes:
 
 
 def results_table(summary: dict[str, Any]) -> str:
+    best = summary["best"]
+    metric = best["metric"]
     lines = [
-        f"{'trial':<8} {'lr':>9} {'batch':>5} {'epochs':>6} {'best val_acc':>12}  status",
+        f"{'trial':<8} {'lr':>9} {'batch':>5} {'epochs':>6} {'best ' + metric:>14}  status",
     ]
     for t in summary["trials"]:
-        acc = f"{100 * t['best_val_acc']:.2f}%" if t["best_val_acc"] is not None else "-"
+        acc = f"{t['best_value']:.4f}" if t["best_value"] is not None else "-"
         lr = f"{t['lr']:.2e}" if t["lr"] is not None else "-"
         lines.append(
             f"{t['trial']:<8} {lr:>9} {t['batch_size'] or '-':>5} {t['epochs_run']:>6} "
-            f"{acc:>12}  {t['status']}"
+            f"{acc:>14}  {t['status']}"
         )
-    best = summary["best"]
     lines += [
         f"best: trial {best['trial']}  lr {best['lr']:.3e}  batch {best['batch_size']}/worker "
-        f"(global {best['global_batch_size']})  val_acc {100 * best['best_val_acc']:.2f}%",
+        f"(global {best['global_batch_size']})  {metric} {best['best_value']:.4f}",
         f"best checkpoint: {best['best_checkpoint']}",
         f"results: {os.path.join(summary['sweep_dir'], 'results.csv')} and sweep.png; "
         f"{summary['wall_s']:.0f} s wall",

@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 
 from ray_ddp import reporting
 from ray_ddp.collectives import world_size
@@ -27,6 +26,7 @@ from ray_ddp.loss_guard import LossGuard
 from ray_ddp.optim import optimizer_step
 from ray_ddp.precision import autocast
 from ray_ddp.step_timing import StepTimer
+from ray_ddp.task import Task
 from ray_ddp.train_state import EpochSums, TrainState
 
 if TYPE_CHECKING:
@@ -49,6 +49,7 @@ class EpochPosition:
 class EpochTools:
     """What the epoch loop uses besides the training state; the same for every epoch."""
 
+    task: Task
     device: torch.device
     timer: StepTimer
     guard: LossGuard
@@ -85,9 +86,9 @@ def train_epoch(
     tools: EpochTools,
 ) -> EpochSegment:
     """Train from ``start`` (whose sampler position the caller set) with ``sums`` of the
-    part before it. ``loader`` yields (inputs, targets) already on the device."""
+    part before it. ``loader`` yields the task's batches, already on the device."""
     model, optimizer, progress = state.model, state.optimizer, state.progress
-    device, guard = tools.device, tools.guard
+    task, device, guard = tools.task, tools.device, tools.guard
     model.train()
     batches = start.batches
     # Summed on the device: calling .item() every step would wait for the GPU each time.
@@ -99,7 +100,8 @@ def train_epoch(
     no_sync = getattr(model, "no_sync", None)  # absent with one worker (no DDP wrapper)
     optimizer.zero_grad(set_to_none=True)
     tools.timer.restart()
-    for index, (inputs, targets) in enumerate(loader, start=start.batch):
+    for index, batch in enumerate(loader, start=start.batch):
+        size = task.batch_size(batch)
         # Micro-steps are grouped in windows of accum_steps; the last window of an epoch
         # may be shorter, and the loss is divided by the window's real length so every
         # optimizer step averages its samples exactly. Checkpoints fall on window ends, so
@@ -121,21 +123,20 @@ def train_epoch(
             no_sync() if (no_sync is not None and not boundary) else contextlib.nullcontext()
         )
         with sync_context:
+            if tools.channels_last:
+                batch = _channels_last(batch)
             with autocast(cfg.amp, device):
-                if tools.channels_last:
-                    inputs = inputs.contiguous(memory_format=torch.channels_last)
-                logits = model(inputs)
-                loss = F.cross_entropy(logits.float(), targets)
+                loss = task.loss(model, batch).float()
             loss = _inject_fault(cfg, loss, progress.step + 1, guard.rank)
             guard.observe(
                 loss, progress.step + 1, f"epoch {start.epoch + 1}, micro-batch {index + 1}"
             )
-            weighted = loss / window if planned == full else loss * (targets.numel() / planned)
+            weighted = loss / window if planned == full else loss * (size / planned)
             state.scaler.scale(weighted).backward()
-        loss_sum += loss.detach().double() * targets.numel()
-        seen += targets.numel()
-        trained += targets.numel()
-        window_samples += targets.numel()
+        loss_sum += loss.detach().double() * size
+        seen += size
+        trained += size
+        window_samples += size
         if boundary:
             if cfg.grad_clip > 0:
                 state.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
@@ -163,6 +164,19 @@ def train_epoch(
             break
     guard.check()
     return EpochSegment(end, EpochSums(loss_sum.item(), seen), trained, skipped, checkpoint_due)
+
+
+def _channels_last(batch: object) -> object:
+    """The batch's image tensors (4-d floating point) in NHWC memory, like the weights."""
+    if isinstance(batch, torch.Tensor):
+        if batch.dim() == 4 and batch.is_floating_point():
+            return batch.contiguous(memory_format=torch.channels_last)
+        return batch
+    if isinstance(batch, dict):
+        return {k: _channels_last(v) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_channels_last(v) for v in batch)
+    return batch
 
 
 def max_steps_reached(cfg: TrainConfig, step: int) -> bool:

@@ -5,6 +5,7 @@ optimizer-step boundary, written to a temporary directory and uploaded by Ray (S
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from typing import Any
 
@@ -18,6 +19,9 @@ from ray_ddp.train_epoch import EpochPosition
 from ray_ddp.train_state import EpochSums, TrainState
 from ray_ddp.worker import Worker, peak_memory
 
+UNSCORED = -sys.float_info.max
+"""The score of a mid-epoch checkpoint where higher is better (negated where lower is)."""
+
 
 def write_mid_epoch_checkpoint(
     cfg: TrainConfig,
@@ -26,7 +30,10 @@ def write_mid_epoch_checkpoint(
     meta: dict[str, Any],
     position: EpochPosition,
     sums: EpochSums,
+    score: tuple[str, str],
 ) -> None:
+    """A checkpoint inside the epoch (``--checkpoint-every``): no validation. ``score`` is
+    the (metric, mode) that ranks checkpoints."""
     progress = state.progress
     progress.batch = position.batch
     metrics = {
@@ -34,9 +41,9 @@ def write_mid_epoch_checkpoint(
         "step": progress.step,
         "batch": position.batch,
         "mid_epoch": True,
-        # Not validated. Scored below every epoch checkpoint (so Ray keeps it only while it
-        # is the latest); not NaN, which Ray's saved state turns to null.
-        "val_acc": -1.0,
+        # Not validated. Scored worse than any epoch checkpoint (so Ray keeps it only while
+        # it is the latest); not NaN, which Ray's saved state turns to null.
+        score[0]: UNSCORED if score[1] == "max" else -UNSCORED,
         "lr": state.lr,
     }
     checkpoint_and_report(cfg, worker, state, meta, metrics, sums)
@@ -80,7 +87,7 @@ def checkpoint_and_report(
             directory,
             state,
             config=cfg.to_dict(),
-            model_meta=meta,
+            task_meta=meta,
             rng_per_rank=[g["rng"] for g in gathered],
             epoch_partial=[g["sums"] for g in gathered],
         )

@@ -18,7 +18,13 @@ class TrainProgress:
     mid-epoch checkpoint (``--checkpoint-every``); a resumed run starts the epoch there."""
     step: int = 0
     """Optimizer steps taken."""
-    best_val_acc: float = 0.0
+    best_score: float | None = None
+    """The best ``val_<best_metric>`` so far (None before the first validation)."""
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> TrainProgress:
+        """From a checkpoint's ``progress`` (fields of other versions dropped)."""
+        return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
 
 
 @dataclass

@@ -23,15 +23,13 @@ import torch
 from torch.utils.data import DataLoader
 
 from ray_ddp import reporting
-from ray_ddp.checkpoint import check_compatible, model_meta
+from ray_ddp.checkpoint import check_compatible, task_meta
 from ray_ddp.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.comm_stats import attach_counter
 from ray_ddp.config import TrainConfig, global_batch
-from ray_ddp.datasets import DatasetInfo, build_datasets
 from ray_ddp.loaders import ResumableSampler, make_loaders
 from ray_ddp.loss_guard import LossGuard
 from ray_ddp.memory_format import use_channels_last
-from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import grad_scaler
 from ray_ddp.resume import find_restore_point, restore_training
@@ -40,6 +38,7 @@ from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import StepTimer
+from ray_ddp.task import Task
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState, unwrap
@@ -53,7 +52,6 @@ class WorkerData:
     train_loader: DataLoader
     train_sampler: ResumableSampler
     val_loader: DataLoader
-    info: DatasetInfo
     train_size: int
     val_size: int
     batches_per_epoch: int
@@ -102,31 +100,36 @@ class RunSoFar:
         }
 
 
+def loop_config(cfg: TrainConfig, task: Task, facts: dict[str, Any]) -> dict[str, Any]:
+    """What ``train_loop_per_worker`` gets: the config as plain values, the task object
+    (Ray pickles it to every worker) and the facts the driver found about its data."""
+    return {"config": cfg.to_dict(), "task": task, "facts": facts}
+
+
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
-    cfg = TrainConfig.from_dict(config)
+    cfg = TrainConfig.from_dict(config["config"])
+    task, facts = config["task"], config["facts"]
     worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
 
     # Build: the data (its size sets the schedule), then the model, identical on all ranks.
-    data = build_worker_data(cfg, worker)
+    data = build_worker_data(cfg, worker, task, facts)
     seed_initial_weights(cfg.seed)
-    model = build_model(cfg.model, data.info.input_shape, data.info.num_classes)
-    meta = model_meta(cfg.model, data.info.num_classes, data.info.input_shape)
+    model = task.model(cfg, facts)
+    meta = task_meta(cfg.task, facts)
 
     # Restore: the weights before DDP broadcasts rank 0's, the rest once it all exists.
     restored = find_restore_point(cfg.resume_from, worker)
     if restored is not None:
         check_compatible(restored.state, meta, restored.source)
         model.load_state_dict(restored.state["model"])
-    channels_last = use_channels_last(
-        cfg.channels_last, model, data.info.input_shape, worker.device
-    )
-    state = build_train_state(cfg, worker, wrap_model(model, channels_last), data)
+    channels_last = use_channels_last(cfg.channels_last, model, worker.device)
+    state = build_train_state(cfg, worker, task, wrap_model(model, channels_last), data)
     partial = restore_training(restored, state, worker, cfg, steps_per_epoch(cfg, data))
     counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
 
     ranks = rank_rows(worker)
-    announce(cfg, worker, data, ranks)
-    tools = epoch_tools(cfg, worker, channels_last)
+    announce(cfg, worker, task, facts, data, ranks)
+    tools = epoch_tools(cfg, worker, task, channels_last)
     run = RunSoFar()
     progress = state.progress
     if progress.epoch >= cfg.epochs or max_steps_reached(cfg, progress.step):
@@ -138,15 +141,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             steps_before, syncs_before = progress.step, counter.syncs if counter else 0
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
             partial = EpochSums()
-            evaluated = validate(cfg, worker, state, data)
+            evaluated = validate(cfg, worker, task, state, data)
             # A --max-steps stop inside the epoch is saved as that position, so a re-run
             # with more steps trains the rest of the epoch instead of skipping it.
             finished = trained.end_batch >= data.batches_per_epoch
             progress.epoch, progress.batch = (
                 (epoch + 1, 0) if finished else (epoch, trained.end_batch)
             )
-            progress.best_val_acc = max(progress.best_val_acc, evaluated.accuracy)
-            metrics = epoch_metrics(state, trained, evaluated, epoch + 1)
+            metrics = epoch_metrics(task, state, trained, evaluated, epoch + 1)
+            progress.best_score = better(task, progress.best_score, metrics)
             if counter is not None:
                 steps = max(1, progress.step - steps_before)
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / steps
@@ -165,23 +168,24 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- build
-def build_worker_data(cfg: TrainConfig, worker: Worker) -> WorkerData:
+def build_worker_data(
+    cfg: TrainConfig, worker: Worker, task: Task, facts: dict[str, Any]
+) -> WorkerData:
     if cfg.download:
         # One download per node (by its local rank 0), not one per worker racing on the
         # same files; everyone else waits, then reads what is on disk.
         if worker.local_rank == 0:
-            build_datasets(cfg)
+            task.datasets(cfg, facts)
         if is_distributed():
             torch.distributed.barrier()
-    train_ds, val_ds, info = build_datasets(dataclasses.replace(cfg, download=False))
+    train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
     train_loader, train_sampler, val_loader = make_loaders(
-        cfg, train_ds, val_ds, worker.rank, worker.world_size, worker.device
+        cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
     )
     return WorkerData(
         train_loader,
         train_sampler,
         val_loader,
-        info,
         train_size=len(train_ds),  # type: ignore[arg-type]
         val_size=len(val_ds),  # type: ignore[arg-type]
         batches_per_epoch=len(train_loader),  # the sampler is at batch 0 here
@@ -197,13 +201,14 @@ def wrap_model(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
 
 
 def build_train_state(
-    cfg: TrainConfig, worker: Worker, model: torch.nn.Module, data: WorkerData
+    cfg: TrainConfig, worker: Worker, task: Task, model: torch.nn.Module, data: WorkerData
 ) -> TrainState:
-    """Optimizer, warm-up + cosine schedule over the run's optimizer steps, GradScaler."""
+    """Optimizer (over the task's parameter groups), warm-up + cosine schedule over the
+    run's optimizer steps, GradScaler."""
     total_steps = steps_per_epoch(cfg, data) * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
-    optimizer = build_optimizer(cfg, model.parameters())
+    optimizer = build_optimizer(cfg, task.param_groups(unwrap(model), cfg))
     return TrainState(
         model=model,
         optimizer=optimizer,
@@ -212,12 +217,13 @@ def build_train_state(
     )
 
 
-def epoch_tools(cfg: TrainConfig, worker: Worker, channels_last: bool) -> EpochTools:
+def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: bool) -> EpochTools:
     """The step timer, the loss guard, and on rank 0 the run logs and progress lines."""
     logs = None
     if worker.is_main:
         logs = RunLogs(os.path.join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
     return EpochTools(
+        task=task,
         device=worker.device,
         timer=StepTimer(),
         guard=LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps),
@@ -232,15 +238,23 @@ def steps_per_epoch(cfg: TrainConfig, data: WorkerData) -> int:
     return math.ceil(data.batches_per_epoch / cfg.accum_steps)
 
 
-def announce(cfg: TrainConfig, worker: Worker, data: WorkerData, ranks: list[dict]) -> None:
+def announce(
+    cfg: TrainConfig,
+    worker: Worker,
+    task: Task,
+    facts: dict[str, Any],
+    data: WorkerData,
+    ranks: list[dict],
+) -> None:
     """The rank table, the batch arithmetic and the data sizes, once, from rank 0."""
     worker.log(reporting.rank_table(ranks))
     worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, cfg.accum_steps))
     steps = steps_per_epoch(cfg, data)
+    described = ", ".join(f"{k} {v}" for k, v in facts.items())
     worker.log(
-        f"data: {cfg.dataset}, {data.train_size} train / {data.val_size} val samples, "
-        f"{data.info.num_classes} classes; {data.batches_per_epoch} micro-batches and "
-        f"{steps} optimizer steps per epoch per worker"
+        f"data: {task.name(cfg)}, {data.train_size} train / {data.val_size} val samples"
+        f"{f' ({described})' if described else ''}; {data.batches_per_epoch} micro-batches "
+        f"and {steps} optimizer steps per epoch per worker"
     )
     if data.repeated:
         worker.log(
@@ -298,7 +312,8 @@ def train_one_epoch(
         if not segment.checkpoint_due:
             break
         position = segment.end
-        write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums)
+        score = (f"val_{tools.task.best_metric}", tools.task.best_mode)
+        write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums, score)
     seconds = time.perf_counter() - started
     totals = sum_over_ranks(
         {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}, worker.device
@@ -315,7 +330,9 @@ def train_one_epoch(
     )
 
 
-def validate(cfg: TrainConfig, worker: Worker, state: TrainState, data: WorkerData) -> EvalResult:
+def validate(
+    cfg: TrainConfig, worker: Worker, task: Task, state: TrainState, data: WorkerData
+) -> EvalResult:
     """Exact sharded evaluation of the weights and buffers the checkpoint will hold.
 
     DDP copies rank 0's buffers (BatchNorm running statistics) to the other ranks only at
@@ -324,7 +341,15 @@ def validate(cfg: TrainConfig, worker: Worker, state: TrainState, data: WorkerDa
     model = unwrap(state.model)
     broadcast_buffers(model)
     with explain_oom(cfg, worker, "evaluation"):
-        return evaluate(model, data.val_loader, worker.device, cfg.amp)
+        return evaluate(model, data.val_loader, worker.device, task, cfg.amp)
+
+
+def better(task: Task, best: float | None, metrics: dict[str, Any]) -> float:
+    """The best validation score so far, after this epoch's (by the task's mode)."""
+    score = metrics[f"val_{task.best_metric}"]
+    if best is None:
+        return score
+    return max(best, score) if task.best_mode == "max" else min(best, score)
 
 
 @contextlib.contextmanager
@@ -347,17 +372,16 @@ def explain_oom(cfg: TrainConfig, worker: Worker, phase: str) -> Iterator[None]:
 
 
 def epoch_metrics(
-    state: TrainState, trained: EpochTrained, evaluated: EvalResult, epoch: int
+    task: Task, state: TrainState, trained: EpochTrained, evaluated: EvalResult, epoch: int
 ) -> dict[str, Any]:
-    """What an epoch reports to Ray, prints and logs (validation sums are exact)."""
+    """What an epoch reports to Ray, prints and logs: the task's validation metrics (exact
+    means of their sums, and what ``summarize`` derives) as ``val_<name>``."""
     metrics: dict[str, Any] = {
         "epoch": epoch,
         "step": state.progress.step,
         "train_loss": trained.loss_sum / max(1.0, trained.samples),
-        "val_loss": evaluated.loss,
-        "val_acc": evaluated.accuracy,
-        "val_correct": evaluated.correct,
-        "val_count": evaluated.count,
+        **{f"val_{k}": v for k, v in task.summarize(evaluated.means).items()},
+        "evaluated_samples": evaluated.samples,
         "lr": state.lr,
         "train_samples": trained.samples,
         "samples_per_s": trained.all_trained / trained.seconds,

@@ -14,10 +14,12 @@ import time
 from typing import Any
 
 from ray_ddp.cluster import prepare_cluster_run
-from ray_ddp.config import TrainConfig
+from ray_ddp.config import BUILTIN_TASK, TrainConfig
+from ray_ddp.preflight import PreparedTask
 from ray_ddp.rerun_guard import check_rerun, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
 from ray_ddp.storage import write_bytes
+from ray_ddp.task import Task
 from ray_ddp.transforms import augment_policy
 
 
@@ -32,22 +34,45 @@ class Interrupted(Exception):
         )
 
 
-def default_name(cfg: TrainConfig) -> str:
-    return f"{cfg.dataset}-{cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+def default_name(cfg: TrainConfig, task: Task) -> str:
+    return f"{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_training(cfg: TrainConfig) -> dict[str, Any]:
-    """Validate, connect, fit. Returns the summary. Raises ConfigError on bad input and
-    ray.train.TrainingFailedError when training fails."""
-    cfg, _ = prepare_cluster_run(cfg)
+def fit(task: Task | str, config: TrainConfig | None = None, **fields: Any) -> dict[str, Any]:
+    """Train ``task`` (a Task object, or ``package.module:Name``) with ``config`` (default:
+    ``TrainConfig()``) and any of its fields given as keywords; returns the summary that
+    ``jobs/train.py`` prints. The same checks, training and checkpoints as the command
+    line; raises ConfigError on bad input and ray.train.TrainingFailedError when training
+    fails. For your own driver script::
+
+        import ray_ddp
+        summary = ray_ddp.fit(MyTask(), num_workers=4, epochs=10, name="my-run")
+        model = ray_ddp.load_model(summary["best"]["checkpoint"])
+    """
+    from ray_ddp.task_check import as_task, spec_of
+
+    cfg = dataclasses.replace(config or TrainConfig(), **fields)
+    if isinstance(task, str):
+        return run_training(dataclasses.replace(cfg, task=task))
+    task = as_task(task, f"fit({type(task).__name__})")
+    return run_training(dataclasses.replace(cfg, task=spec_of(task)), task)
+
+
+def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
+    """Validate, connect, fit ``task`` (default: the one ``cfg.task`` names). Returns the
+    summary. Raises ConfigError on bad input and ray.train.TrainingFailedError when
+    training fails."""
+    cfg, prepared = prepare_cluster_run(cfg, task=task)
     # Record what "auto" resolved to where it decides what is trained, so a re-run that
     # asks for something else explicitly is refused (None is not compared).
-    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg), augment=augment_policy(cfg))
+    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg, prepared.task))
+    if cfg.task == BUILTIN_TASK:
+        cfg = dataclasses.replace(cfg, augment=augment_policy(cfg))
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
     print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(cfg, prepared)
     started = time.perf_counter()
     try:
         result = trainer.fit()
@@ -56,34 +81,54 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
         # then exits 0 as if all went well; say what happened instead.
         raise Interrupted(cfg) from exc
     wall_s = time.perf_counter() - started
-    summary = build_summary(cfg, result, wall_s)
-    if cfg.export and summary["best"]:
-        summary["export"] = _export(summary["best"]["checkpoint"], summary["run_dir"])
+    summary = build_summary(cfg, prepared.task, result, wall_s)
+    if summary["best"]:
+        best = summary["best"]["checkpoint"]
+        summary["report"] = _final_report(prepared.task, cfg, best)
+        if cfg.export:
+            summary["export"] = _export(prepared.task, best, summary["run_dir"])
     return summary
 
 
-def _export(checkpoint: str, run_dir: str) -> dict[str, str]:
+def _final_report(task: Task, cfg: TrainConfig, checkpoint: str) -> str | None:
+    """The task's words on its best model (samples of a language model, say), printed."""
+    if type(task).final_report is Task.final_report:
+        return None  # the task has none: the checkpoint is not even loaded
+    import ray.train
+
+    from ray_ddp.checkpoint import load_model
+
+    with ray.train.Checkpoint(checkpoint).as_directory() as directory:
+        report = task.final_report(load_model(directory, task), cfg)
+    if report:
+        print(report, flush=True)
+    return report
+
+
+def _export(task: Task, checkpoint: str, run_dir: str) -> dict[str, str]:
     """The best checkpoint for inference without Ray. A model torch.export cannot trace
     does not fail the finished run: it is said, and the checkpoint is still there."""
     from ray_ddp.export import export_best
 
     try:
-        paths = export_best(checkpoint, run_dir)
+        paths = export_best(task, checkpoint, run_dir)
     except Exception as exc:  # noqa: BLE001 - reported, training already succeeded
         print(f"export skipped: {type(exc).__name__}: {exc}", flush=True)
         return {}
-    print(f"exported the best checkpoint -> {os.path.dirname(paths['program'])}", flush=True)
+    print(f"exported the best checkpoint -> {os.path.dirname(paths['meta'])}", flush=True)
     return paths
 
 
 def build_trainer(
     cfg: TrainConfig,
+    prepared: PreparedTask,
     callbacks: list | None = None,
     loop: Any = None,
     loop_config: dict[str, Any] | None = None,
 ):
-    """The TorchTrainer for a resolved config (named, absolute storage, workers known).
-    Shared by single runs and Tune trials, so both run exactly the same loop."""
+    """The TorchTrainer for a resolved config (named, absolute storage, workers known)
+    and its checked task. Shared by single runs and Tune trials, so both run exactly the
+    same loop."""
     from ray.train import (
         CheckpointConfig,
         FailureConfig,
@@ -93,11 +138,15 @@ def build_trainer(
     )
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from ray_ddp.train_worker import loop_config as train_loop_config
     from ray_ddp.train_worker import train_loop_per_worker
 
+    task = prepared.task
+    if loop_config is None:
+        loop_config = train_loop_config(cfg, task, prepared.facts)
     return TorchTrainer(
         loop or train_loop_per_worker,  # the evaluation job passes its own
-        train_loop_config=loop_config if loop_config is not None else cfg.to_dict(),
+        train_loop_config=loop_config,
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
         torch_config=TorchConfig(backend=None),
         scaling_config=ScalingConfig(
@@ -111,8 +160,8 @@ def build_trainer(
             storage_path=cfg.storage_path,
             checkpoint_config=CheckpointConfig(
                 num_to_keep=cfg.keep_checkpoints,
-                checkpoint_score_attribute="val_acc",
-                checkpoint_score_order="max",
+                checkpoint_score_attribute=f"val_{task.best_metric}",
+                checkpoint_score_order=task.best_mode,
             ),
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
@@ -122,18 +171,24 @@ def build_trainer(
     )
 
 
-def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
+def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[str, Any]:
     """Final and best validation figures, the best checkpoint, sizes and speed."""
     info = result.return_value or {}
-    # Mid-epoch checkpoints carry no validation (val_acc -1): never the best.
+    score = f"val_{task.best_metric}"
+    # Mid-epoch checkpoints carry no validation: never the best.
     scored = [
-        (c, m)
-        for c, m in (result.best_checkpoints or [])
-        if "val_acc" in m and not m.get("mid_epoch")
+        (c, m) for c, m in (result.best_checkpoints or []) if score in m and not m.get("mid_epoch")
     ]
-    best_ckpt, best_metrics = max(scored, key=lambda cm: cm[1]["val_acc"]) if scored else (None, {})
+    pick_best = max if task.best_mode == "max" else min
+    best_ckpt, best_metrics = (
+        pick_best(scored, key=lambda cm: cm[1][score]) if scored else (None, {})
+    )
     final_metrics = result.metrics or {}
-    pick = ("epoch", "val_loss", "val_acc", "val_correct", "val_count")
+
+    def pick(metrics: dict[str, Any]) -> dict[str, Any]:
+        kept = ("epoch", "evaluated_samples")
+        return {k: v for k, v in metrics.items() if k in kept or k.startswith("val_")}
+
     train_seconds = info.get("train_seconds", 0.0)
     return {
         "name": cfg.name,
@@ -148,15 +203,10 @@ def build_summary(cfg: TrainConfig, result, wall_s: float) -> dict[str, Any]:
         # under that epoch's number without completing it.
         "epochs_completed": info.get("epochs_completed", final_metrics.get("epoch", 0)),
         "steps": final_metrics.get("step", 0),
-        "final": {k: final_metrics[k] for k in pick if k in final_metrics},
-        "best": (
-            {
-                **{k: best_metrics[k] for k in pick if k in best_metrics},
-                "checkpoint": best_ckpt.path,
-            }
-            if best_ckpt is not None
-            else {}
-        ),
+        "score": score,
+        "score_mode": task.best_mode,
+        "final": pick(final_metrics),
+        "best": {**pick(best_metrics), "checkpoint": best_ckpt.path} if best_ckpt else {},
         "latest_checkpoint": result.checkpoint.path if result.checkpoint else None,
         "history": info.get("history", []),
         "ranks": info.get("ranks", []),

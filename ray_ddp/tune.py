@@ -17,7 +17,7 @@ from typing import Any
 
 from ray_ddp.cluster import prepare_cluster_run
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
-from ray_ddp.sweep_results import METRIC, MODE, trial_lr, trial_row, write_outputs
+from ray_ddp.sweep_results import trial_lr, trial_row, write_outputs
 
 
 def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, float]) -> int:
@@ -44,9 +44,12 @@ def _run_trial(config: dict[str, Any]) -> None:
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from ray_ddp.preflight import PreparedTask
+    from ray_ddp.task_check import load_task
     from ray_ddp.trainer import build_trainer
 
     base = TrainConfig.from_dict(config["train"])
+    prepared = PreparedTask(load_task(base.task), config["facts"], None, None)
     trial_id = ray.tune.get_context().get_trial_id()
     cfg = dataclasses.replace(
         base,
@@ -58,20 +61,22 @@ def _run_trial(config: dict[str, Any]) -> None:
         storage_path=config["train_storage"],
         log_prefix=f"[{trial_id}] ",
     )
-    build_trainer(cfg, callbacks=[TuneReportCallback()]).fit()
+    build_trainer(cfg, prepared, callbacks=[TuneReportCallback()]).fit()
 
 
 def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
     validate_sweep(sweep, cfg)
-    cfg, _ = prepare_cluster_run(cfg, sweep.batch_sizes)
+    cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes)
+    task = prepared.task
+    metric, mode = f"val_{task.best_metric}", task.best_mode
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
-    name = cfg.name or f"sweep-{cfg.dataset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = cfg.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = os.path.join(cfg.storage_path, name)
     cfg = dataclasses.replace(cfg, name=None, summary_json=None)
 
@@ -120,13 +125,14 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
             param_space={
                 "train": cfg.to_dict(),
                 "train_storage": os.path.join(sweep_dir, "train"),
+                "facts": prepared.facts,
                 "scale_lr": sweep.scale_lr,
                 "lr": tune.loguniform(sweep.lr_min, sweep.lr_max),
                 "batch_size": tune.choice(sweep.batch_sizes),
             },
             tune_config=tune.TuneConfig(
-                metric=METRIC,
-                mode=MODE,
+                metric=metric,
+                mode=mode,
                 num_samples=sweep.num_samples,
                 scheduler=scheduler,
                 # Seeded: the same --seed samples the same learning rates and batch sizes.
@@ -138,17 +144,19 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
         )
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
-    trials = [trial_row(result, cfg.epochs) for result in grid]
+    trials = [trial_row(result, cfg.epochs, metric, mode) for result in grid]
     trials.sort(key=lambda t: t["trial"])
-    finished = [t for t in trials if t["best_val_acc"] is not None]
+    finished = [t for t in trials if t["best_value"] is not None]
     if not finished:
         raise RuntimeError(f"no trial reported a result; see the trial errors under {sweep_dir}")
-    best = max(finished, key=lambda t: t["best_val_acc"])
+    best = (max if mode == "max" else min)(finished, key=lambda t: t["best_value"])
     write_outputs(sweep_dir, trials)
     return {
         "sweep_dir": sweep_dir,
         "wall_s": wall_s,
         "concurrency": concurrency,
+        "metric": metric,
+        "mode": mode,
         "best": best,
         "trials": trials,
     }

@@ -17,14 +17,17 @@ from ray_ddp.checkpoint import (
     load_state,
     restore_rng,
     save_state,
+    task_meta,
 )
-from ray_ddp.config import TrainConfig
+from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import grad_scaler
 from ray_ddp.train_state import TrainProgress, TrainState
 
-META = {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}
+META = task_meta(
+    BUILTIN_TASK, {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}
+)
 
 
 def _write(directory: str) -> torch.nn.Module:
@@ -40,13 +43,13 @@ def _write(directory: str) -> torch.nn.Module:
         optimizer,
         scheduler,
         grad_scaler("off", torch.device("cpu")),
-        TrainProgress(epoch=3, step=42, best_val_acc=0.5),
+        TrainProgress(epoch=3, step=42, best_score=0.5),
     )
     save_state(
         directory,
         state,
         config=cfg.to_dict(),
-        model_meta=META,
+        task_meta=META,
         rng_per_rank=[capture_rng(), capture_rng()],
     )
     return model
@@ -56,7 +59,7 @@ def test_full_state_round_trips_with_weights_only(tmp_path):
     model = _write(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == [STATE_FILE]  # no temp file left
     state = load_state(str(tmp_path))
-    assert state["progress"] == {"epoch": 3, "batch": 0, "step": 42, "best_val_acc": 0.5}
+    assert state["progress"] == {"epoch": 3, "batch": 0, "step": 42, "best_score": 0.5}
     assert state["optimizer"]["state"], "AdamW moments are saved"
     assert state["scheduler"]["last_epoch"] == 1
     assert state["config"]["lr"] == TrainConfig().lr
@@ -87,5 +90,20 @@ def test_a_different_model_is_refused(tmp_path):
     _write(str(tmp_path))
     state = load_state(str(tmp_path))
     check_compatible(state, META, "ckpt")
+    other = {**META, "facts": {**META["facts"], "num_classes": 3}}
     with pytest.raises(CheckpointError, match="num_classes=10, this run has num_classes=3"):
-        check_compatible(state, {**META, "num_classes": 3}, "ckpt")
+        check_compatible(state, other, "ckpt")
+    with pytest.raises(CheckpointError, match="saved by task .*ImageClassification, this run"):
+        check_compatible(state, {**META, "task": "examples.char_lm:CharLM"}, "ckpt")
+
+
+def test_a_checkpoint_from_before_tasks_still_loads(tmp_path):
+    """Checkpoints written before the task interface held the classifier's facts under
+    ``model_meta``: they resume and load as the built-in task's."""
+    model = _write(str(tmp_path))
+    state = load_state(str(tmp_path))
+    state["model_meta"] = state.pop("task_meta")["facts"]
+    torch.save(state, tmp_path / STATE_FILE)
+    check_compatible(load_state(str(tmp_path)), META, "ckpt")
+    fresh = load_model(str(tmp_path))
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())

@@ -317,6 +317,7 @@ TRAIN_FLAGS = {
     "--checkpoint-every", "--summary-json", "--no-tensorboard", "--log-every-steps",
     "--log-all-ranks", "--no-export", "--comm-stats",
     "--augment",  # added since: issue 12's augmentation policies
+    "--task",  # issue 13: your own model, data and loss
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
@@ -325,7 +326,7 @@ SWEEP_FLAGS = {
 EVALUATE_FLAGS = {
     "-h", "--help", "--split", "--num-workers", "--cpus-per-worker", "--use-gpu", "--no-gpu",
     "--address", "--data-dir", "--batch-size", "--storage-path", "--predictions",
-    "--summary-json"
+    "--summary-json", "--task",
 }  # fmt: skip
 
 

@@ -45,7 +45,7 @@ def test_workers_spread_over_nodes(cluster, storage):
     )
     print(f"2-node run: {time.perf_counter() - started:.0f} s")
     assert len({r["node_id"] for r in summary["ranks"]}) == 2
-    assert summary["epochs_completed"] == 2 and summary["final"]["val_count"] == 101
+    assert summary["epochs_completed"] == 2 and summary["final"]["evaluated_samples"] == 101
 
 
 def _checkpoints(run_dir: str) -> list[str]:

@@ -11,8 +11,9 @@ from formats import write_imagefolder
 
 from ray_ddp.cli import train_main
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.model_probe import check_model_runs
 from ray_ddp.models import BUILTIN_MODELS, check_model_name
-from ray_ddp.preflight import check_model_runs, preflight
+from ray_ddp.preflight import preflight
 
 
 @pytest.fixture(scope="module")

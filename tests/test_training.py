@@ -12,6 +12,7 @@ from formats import write_imagefolder
 from ray_ddp.checkpoint import load_model, load_state
 from ray_ddp.config import TrainConfig
 from ray_ddp.datasets import build_datasets
+from ray_ddp.image_classification import ImageClassification
 from ray_ddp.models import build_model
 from ray_ddp.run_logs import read_metrics
 from ray_ddp.sharded_eval import evaluate
@@ -91,11 +92,13 @@ def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first
     assert type(model) is type(build_model(cfg.model, (3, 16, 16), 10)) and not model.training
     _, val, _ = build_datasets(cfg)
     loader = torch.utils.data.DataLoader(val, batch_size=50)
-    single = evaluate(model, loader, torch.device("cpu"))
+    single = evaluate(model, loader, torch.device("cpu"), ImageClassification())
     final = summary["final"]
-    assert final["val_count"] == single.count == 301
-    assert final["val_correct"] == single.correct
-    assert final["val_loss"] == pytest.approx(single.loss, rel=1e-5)
+    assert single.sums["acc"][1] == single.samples == 301  # every sample once
+    assert summary["final"]["evaluated_samples"] == 301
+    # The same integer count of correct predictions over the same 301: the same float.
+    assert final["val_acc"] == single.means["acc"]
+    assert final["val_loss"] == pytest.approx(single.means["loss"], rel=1e-5)
 
 
 def test_evaluate_job_matches_the_training_validation(first_run, storage):
@@ -116,15 +119,17 @@ def test_evaluate_job_matches_the_training_validation(first_run, storage):
     assert code == 0
     with open(results_json) as f:
         results = json.load(f)
-    final = summary["final"]
-    assert (results["correct"], results["count"]) == (final["val_correct"], final["val_count"])
-    assert results["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
-    assert sum(c["count"] for c in results["per_class"]) == 301
-    assert sum(c["correct"] for c in results["per_class"]) == results["correct"]
+    final, sums = summary["final"], results["sums"]
+    correct, count = sums["acc"]
+    assert count == 301 and results["metrics"]["acc"] == final["val_acc"]
+    assert results["metrics"]["loss"] == pytest.approx(final["val_loss"], rel=1e-5)
+    per_class = [pair for name, pair in sums.items() if name.startswith("acc/")]
+    assert len(per_class) == 10  # the built-in dataset's classes, each with its sums
+    assert sum(c for _, c in per_class) == 301 and sum(t for t, _ in per_class) == correct
     table = pq.read_table(predictions).to_pydict()
     assert table["index"] == list(range(301))  # every sample once, none padded in
     hits = sum(p == y for p, y in zip(table["predicted"], table["label"], strict=True))
-    assert hits == results["correct"]
+    assert hits == correct
 
 
 def test_exported_model_loads_without_ray_and_predicts_the_same(first_run, tmp_path):
@@ -239,11 +244,12 @@ def test_batchnorm_validation_equals_a_single_process_evaluation_of_the_checkpoi
     summary = run_training(cfg)
     model = load_model(summary["latest_checkpoint"])
     _, val, _ = build_datasets(cfg)
-    single = evaluate(model, torch.utils.data.DataLoader(val, batch_size=50), torch.device("cpu"))
+    loader = torch.utils.data.DataLoader(val, batch_size=50)
+    single = evaluate(model, loader, torch.device("cpu"), ImageClassification())
     final = summary["final"]
-    assert single.count == 101
-    assert (final["val_correct"], final["val_count"]) == (single.correct, single.count)
-    assert final["val_loss"] == pytest.approx(single.loss, rel=1e-5)
+    assert single.sums["acc"][1] == 101
+    assert final["val_acc"] == single.means["acc"]
+    assert final["val_loss"] == pytest.approx(single.means["loss"], rel=1e-5)
 
 
 def test_bf16_autocast_trains_on_cpu(ray_session, storage):
@@ -261,7 +267,7 @@ def test_bf16_autocast_trains_on_cpu(ray_session, storage):
     history = summary["history"]
     assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
     assert history[-1]["train_loss"] < history[0]["train_loss"]
-    assert summary["final"]["val_count"] == 101
+    assert summary["final"]["evaluated_samples"] == 101
 
 
 def test_imagefolder_files_train_across_workers(ray_session, storage, tmp_path):
@@ -281,7 +287,7 @@ def test_imagefolder_files_train_across_workers(ray_session, storage, tmp_path):
             name="folder",
         )
     )
-    assert summary["final"]["val_count"] == 15
+    assert summary["final"]["evaluated_samples"] == 15
     assert load_model(summary["latest_checkpoint"])(torch.zeros(1, 3, 16, 16)).shape == (1, 3)
 
 
