@@ -2,8 +2,9 @@
 
 A checkpoint is a directory with one file, ``state.pt``: the unwrapped model's
 ``state_dict`` (no ``module.`` prefixes, loads into a plain model), the optimizer,
-GradScaler and LR-scheduler states, training progress, every rank's RNG states and the
-config that produced it. It is always read with ``torch.load(weights_only=True)``: only
+GradScaler and LR-scheduler states, training progress, every rank's RNG states, the
+config that produced it, and the task that builds the model with the facts it was built
+from (``task_meta``). It is always read with ``torch.load(weights_only=True)``: only
 tensors and plain Python values, never arbitrary pickled code.
 """
 

@@ -62,7 +62,7 @@ def run_evaluation(
     """Validate, connect, evaluate with N workers; write predictions; return the results."""
     import ray.train
 
-    from ray_ddp.checkpoint import CheckpointError, load_state, saved_config
+    from ray_ddp.checkpoint import CheckpointError, load_state, saved_config, saved_task_meta
     from ray_ddp.cluster import prepare_cluster_run
     from ray_ddp.trainer import build_trainer
 
@@ -97,7 +97,9 @@ def run_evaluation(
         loop_config={
             "train": cfg.to_dict(),
             "task": prepared.task,
-            "facts": prepared.facts,
+            # The checkpoint's facts, not today's data's: its model (and a task's data
+            # normalisation, say) were built from them.
+            "facts": saved_task_meta(state)["facts"],
             "checkpoint": checkpoint,
             "split": split,
             "predictions": predictions_path is not None,

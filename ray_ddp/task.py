@@ -72,8 +72,9 @@ if TYPE_CHECKING:
     from ray_ddp.config import TrainConfig
 
 Batch = Any
-"""What ``collate`` makes of a list of samples: tensors, or tuples/lists/dicts of them.
-ray_ddp moves it to the worker's device before ``loss`` and ``metrics`` see it."""
+"""What ``collate`` makes of a list of samples: a tensor, or tuples/lists/dicts of them.
+Ray moves it to the worker's device before ``loss`` and ``metrics`` see it (a namedtuple
+arrives as a plain tuple)."""
 
 
 class Sum(NamedTuple):

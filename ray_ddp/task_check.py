@@ -78,10 +78,13 @@ def as_task(target: Any, source: str) -> Task:
 
 
 def spec_of(task: Task) -> str:
-    """The ``package.module:Name`` a task object's class is found at (recorded in the
-    run's config, so evaluation and export can rebuild its model)."""
+    """The ``package.module:Name`` a task object is found at (recorded in the run's config,
+    so evaluation and export can rebuild its model): the module-level instance it is, if
+    any (its settings come with it), else its class."""
     cls = type(task)
-    return f"{cls.__module__}:{cls.__qualname__}"
+    module = sys.modules.get(cls.__module__)
+    named = [n for n, v in vars(module).items() if v is task] if module is not None else []
+    return f"{cls.__module__}:{named[0] if named else cls.__qualname__}"
 
 
 def user_code(task: Task, method: str, call: Callable[[], T]) -> T:

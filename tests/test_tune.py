@@ -66,7 +66,8 @@ def test_sweep_stops_weak_trials_and_reports_the_best(ray_session, storage):
     assert stopped and all(t["epochs_run"] < 3 for t in stopped), trials  # ASHA acted
     assert any(t["status"] == "finished" and t["epochs_run"] == 3 for t in trials)
     best = summary["best"]
-    assert best["best_val_acc"] == max(t["best_val_acc"] for t in trials)
+    assert summary["metric"] == best["metric"] == "val_acc" and summary["mode"] == "max"
+    assert best["best_value"] == max(t["best_value"] for t in trials)
     model = load_model(best["best_checkpoint"])  # loads like any training checkpoint
     assert isinstance(model, torch.nn.Module)
     with open(os.path.join(summary["sweep_dir"], "results.csv")) as f:
