@@ -92,3 +92,53 @@ def test_submitted_training_job_succeeds_and_leaves_its_checkpoint(head, tmp_pat
     assert summary["epochs_completed"] == 2 and summary["world_size"] == 2
     assert os.path.isfile(os.path.join(summary["latest_checkpoint"], "state.pt"))
     assert summary["latest_checkpoint"].startswith(str(storage))
+
+
+USER_TASK = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from ray_ddp import Sum, Task
+
+
+class Line(Task):
+    """y = 2x + 1 from 64 points: a task that exists only in the user's directory."""
+
+    def datasets(self, cfg, facts):
+        x = torch.linspace(-1, 1, 64).unsqueeze(1)
+        return TensorDataset(x, 2 * x + 1), TensorDataset(x[::4], 2 * x[::4] + 1)
+
+    def model(self, cfg, facts):
+        return nn.Linear(1, 1)
+
+    def loss(self, model, batch):
+        x, y = batch
+        return F.mse_loss(model(x).float(), y)
+
+    def metrics(self, model, batch):
+        x, y = batch
+        return {"loss": Sum(((model(x).float() - y) ** 2).sum(), y.numel())}
+'''
+
+
+def test_a_task_module_of_your_own_travels_with_the_working_dir(head, tmp_path):
+    """`ray job submit --working-dir <your project>`: the task module exists only there,
+    and both the job's driver (the check before Ray) and the workers import it."""
+    project, storage = tmp_path / "project", tmp_path / "runs"
+    project.mkdir()
+    (project / "line_task.py").write_text(USER_TASK)
+    entry = "import sys; from ray_ddp.cli import train_main; sys.exit(train_main())"
+    proc = subprocess.run(
+        [RAY, "job", "submit", "--address", head, "--working-dir", str(project),
+         "--", sys.executable, "-c", entry, "--task", "line_task:Line", "--epochs", "2",
+         "--batch-size", "16", "--lr", "0.05", "--storage-path", str(storage),
+         "--name", "line", "--no-export"],
+        env={**os.environ, "RAY_AUTH_MODE": "token"}, capture_output=True, text=True,
+        timeout=420, cwd=tmp_path,
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "data: line, 64 train / 16 val samples" in out and "epoch   2/2" in out, out[-3000:]
+    assert os.path.isfile(storage / "line" / "metrics.csv")
