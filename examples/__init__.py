@@ -1,0 +1,1 @@
+"""Worked examples of ray_ddp tasks (``--task examples.<module>:<Name>``)."""
