@@ -20,6 +20,21 @@ def rank_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def short(value: Any) -> str:
+    """A value for one line: long lists and strings cut, e.g. ``[0.5, 0.3, 0.9, ... (10)]``."""
+    import reprlib
+
+    if isinstance(value, str):
+        return value if len(value) <= 40 else value[:37] + "..."
+    shown = reprlib.Repr()
+    shown.maxlist = shown.maxtuple = shown.maxdict = 3
+    shown.maxstring = shown.maxother = 40
+    text = shown.repr(value)
+    if isinstance(value, (list, tuple)) and len(value) > 3:
+        text = text.replace("...", f"... ({len(value)})")
+    return text
+
+
 def batch_line(per_worker: int, workers: int, accum: int) -> str:
     return (
         f"batch: {per_worker} per worker x {workers} workers x {accum} accumulation = "

@@ -250,7 +250,7 @@ def announce(
     worker.log(reporting.rank_table(ranks))
     worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, cfg.accum_steps))
     steps = steps_per_epoch(cfg, data)
-    described = ", ".join(f"{k} {v}" for k, v in facts.items())
+    described = ", ".join(f"{k} {reporting.short(v)}" for k, v in facts.items())
     worker.log(
         f"data: {task.name(cfg)}, {data.train_size} train / {data.val_size} val samples"
         f"{f' ({described})' if described else ''}; {data.batches_per_epoch} micro-batches "
