@@ -29,8 +29,8 @@ BUILTIN_TASK = "ray_ddp.image_classification:ImageClassification"
 # Flags that configure the built-in image classification only: a task of your own builds
 # its own data and model, so setting one of them with --task is refused, not ignored.
 IMAGE_TASK_FIELDS = (
-    "dataset", "download", "image_size", "augment", "label_column", "image_column",
-    "feature_column", "model",
+    "dataset", "image_size", "augment", "label_column", "image_column", "feature_column",
+    "model",
 )  # fmt: skip
 
 
@@ -118,7 +118,9 @@ class TrainConfig:
     data_dir: str | None = None
     """Where the dataset lives (must be readable from every node)."""
     download: bool = option(False, resume_safe=True)
-    """Let torchvision download cifar10/mnist/fashion-mnist into ``data_dir``."""
+    """Let the task fetch its data into ``data_dir`` (the built-in one: torchvision's
+    cifar10, mnist, fashion-mnist): once per node, the first node before the others, so
+    nodes sharing one ``data_dir`` (NFS) never write it at the same time."""
     train_samples: int | None = option(None, bound=POSITIVE)
     """Built-in dataset: samples to generate (default 12000). Others: a seeded random subset
     of this size (default: all)."""
