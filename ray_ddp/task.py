@@ -99,7 +99,12 @@ class Task(abc.ABC):
     @abc.abstractmethod
     def datasets(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple[Dataset, Dataset]:
         """The train and validation splits: map-style datasets (``__getitem__`` and
-        ``__len__``) whose samples ``collate`` can batch. Called in every worker."""
+        ``__len__``) whose samples ``collate`` can batch. Called in every worker.
+
+        With ``--download`` it is first called with ``cfg.download`` True to fetch the data
+        into ``cfg.data_dir``: by rank 0 alone, then by the first worker of every other
+        node (the rest wait). Skip what is already there: nodes sharing ``data_dir`` find
+        the files complete on their turn."""
 
     @abc.abstractmethod
     def model(self, cfg: TrainConfig, facts: dict[str, Any]) -> nn.Module:

@@ -172,12 +172,11 @@ def build_worker_data(
     cfg: TrainConfig, worker: Worker, task: Task, facts: dict[str, Any]
 ) -> WorkerData:
     if cfg.download:
-        # One download per node (by its local rank 0), not one per worker racing on the
-        # same files; everyone else waits, then reads what is on disk.
-        if worker.local_rank == 0:
-            task.datasets(cfg, facts)
-        if is_distributed():
-            torch.distributed.barrier()
+        for turn in (0, 1):
+            if download_turn(worker.rank, worker.local_rank) == turn:
+                task.datasets(cfg, facts)
+            if is_distributed():
+                torch.distributed.barrier()
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
     train_loader, train_sampler, val_loader = make_loaders(
         cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
@@ -191,6 +190,19 @@ def build_worker_data(
         batches_per_epoch=len(train_loader),  # the sampler is at batch 0 here
         samples_per_rank=train_sampler.num_samples,
     )
+
+
+def download_turn(rank: int, local_rank: int) -> int | None:
+    """When this worker fetches the data with ``--download``: turn 0 (rank 0, alone), turn
+    1 (the first worker of every other node, at once), or never (None: it waits).
+
+    One fetch per node, not one per worker racing on the same files. Rank 0's node goes
+    first: where nodes share ``--data-dir`` (NFS) the others then find the files complete
+    and only check them (torchvision skips a finished download), so no two nodes ever
+    write the same files; where each node has its own disk, they fetch in parallel."""
+    if rank == 0:
+        return 0
+    return 1 if local_rank == 0 else None
 
 
 def wrap_model(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
