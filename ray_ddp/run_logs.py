@@ -2,18 +2,24 @@
 
 They live in the run directory next to the checkpoints. For a URI storage path (s3://...)
 they are written to a local staging folder and copied up after every epoch, so a run that
-dies loses at most the current epoch's lines. A resumed run appends to the same files.
+dies loses at most the current epoch's lines. A resumed run (a re-run, or a restart after a
+failure, possibly on another node) appends: ``metrics.csv`` is first read back from the
+storage and every upload replaces the whole file, earlier epochs included; each
+TensorBoard writer makes a file of its own, so earlier attempts' event files are never
+touched.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import os
 import tempfile
+import uuid
 from typing import Any
 
 from ray_ddp.plots import figure, integer_ticks, png_bytes
-from ray_ddp.storage import is_uri, write_bytes
+from ray_ddp.storage import is_uri, join, read_bytes, read_text, remove_local, write_bytes
 
 METRICS_CSV = "metrics.csv"
 CURVES_PNG = "curves.png"
@@ -36,13 +42,26 @@ class RunLogs:
 
     def __init__(self, run_dir: str, tensorboard: bool) -> None:
         self.run_dir = run_dir
-        self.local_dir = tempfile.mkdtemp(prefix="ray_ddp_logs_") if is_uri(run_dir) else run_dir
+        self.staged = is_uri(run_dir)
+        self.local_dir = tempfile.mkdtemp(prefix="ray_ddp_logs_") if self.staged else run_dir
         os.makedirs(self.local_dir, exist_ok=True)
+        self._uploaded: dict[str, tuple[int, int]] = {}  # relative path -> (size, mtime)
+        if self.staged:
+            # Earlier attempts' rows: the staging folder is new, the history is not.
+            # (A failed read raises: better a failed attempt than a lost history.)
+            earlier = read_bytes(join(run_dir, METRICS_CSV))
+            if earlier is not None:
+                with open(os.path.join(self.local_dir, METRICS_CSV), "wb") as f:
+                    f.write(earlier)
+                self._mark_uploaded(METRICS_CSV)
         self.writer = None
         if tensorboard:
             from tensorboardX import SummaryWriter
 
-            self.writer = SummaryWriter(os.path.join(self.local_dir, TB_DIR))
+            # A name no other attempt has (the default one holds the second and host).
+            self.writer = SummaryWriter(
+                os.path.join(self.local_dir, TB_DIR), filename_suffix=f".{uuid.uuid4().hex[:8]}"
+            )
 
     def step(self, step: int, loss: float, lr: float) -> None:
         if self.writer is not None:
@@ -85,30 +104,43 @@ class RunLogs:
             self.writer.close()
         rows = read_metrics(os.path.join(self.local_dir, METRICS_CSV))
         if rows:
-            with open(os.path.join(self.local_dir, CURVES_PNG), "wb") as f:
-                f.write(render_curves(rows))
+            write_bytes(os.path.join(self.local_dir, CURVES_PNG), render_curves(rows))
         self._upload()
+        if self.staged:
+            remove_local(self.local_dir)
 
     def _upload(self) -> None:
-        if self.local_dir == self.run_dir:
+        """Copy up every staged file that changed since its last upload, each whole."""
+        if not self.staged:
             return
         for root, _, files in os.walk(self.local_dir):
             for name in files:
                 local = os.path.join(root, name)
-                relative = os.path.relpath(local, self.local_dir)
+                relative = os.path.relpath(local, self.local_dir).replace(os.sep, "/")
+                if self._uploaded.get(relative) == _stamp(local):
+                    continue
                 with open(local, "rb") as f:
-                    write_bytes(f"{self.run_dir}/{relative}", f.read())
+                    write_bytes(join(self.run_dir, relative), f.read())
+                self._mark_uploaded(relative)
+
+    def _mark_uploaded(self, relative: str) -> None:
+        self._uploaded[relative] = _stamp(os.path.join(self.local_dir, relative))
+
+
+def _stamp(path: str) -> tuple[int, int]:
+    stat = os.stat(path)
+    return stat.st_size, stat.st_mtime_ns
 
 
 def read_metrics(path: str) -> list[dict[str, float]]:
-    """metrics.csv rows, one per epoch: the last row wins where a restart from an earlier
-    checkpoint trained an epoch again."""
-    if not os.path.exists(path):
+    """metrics.csv rows (a local path or a URI), one per epoch: the last row wins where a
+    restart from an earlier checkpoint trained an epoch again."""
+    text = read_text(path)
+    if text is None:
         return []
     by_epoch: dict[int, dict[str, float]] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            by_epoch[int(row["epoch"])] = {k: float(v) for k, v in row.items() if v != ""}
+    for row in csv.DictReader(io.StringIO(text, newline="")):
+        by_epoch[int(row["epoch"])] = {k: float(v) for k, v in row.items() if v != ""}
     return [by_epoch[e] for e in sorted(by_epoch)]
 
 
