@@ -18,7 +18,7 @@ import os
 import torch
 
 from ray_ddp.checkpoint import load_model, load_state, saved_config, saved_task_meta
-from ray_ddp.storage import atomic_path, is_uri, write_bytes
+from ray_ddp.storage import atomic_path, is_uri, join, write_bytes
 from ray_ddp.task import Task
 from ray_ddp.task_check import load_task
 
@@ -28,11 +28,12 @@ META_FILE = "model.json"
 
 
 def export_checkpoint(
-    checkpoint_dir: str, out_dir: str, task: Task | None = None
+    checkpoint_dir: str, out_dir: str, task: Task | None = None, source: str | None = None
 ) -> dict[str, str]:
-    """Write the files into ``out_dir``; returns their paths. The program is written when
-    the task gives ``example_inputs`` (the built-in classification does). Each file is
-    written to a temporary name first, so a failed export never leaves a partial file."""
+    """Write the files into local ``out_dir``; returns their paths. The program is written
+    when the task gives ``example_inputs`` (the built-in classification does). Each file is
+    written to a temporary name first, so a failed export never leaves a partial file.
+    ``source``: where the checkpoint lives, for model.json (default ``checkpoint_dir``)."""
     os.makedirs(out_dir, exist_ok=True)
     state = load_state(checkpoint_dir)
     meta = saved_task_meta(state)
@@ -41,7 +42,7 @@ def export_checkpoint(
     paths = {"state_dict": os.path.join(out_dir, STATE_DICT_FILE)}
     with atomic_path(paths["state_dict"]) as tmp:
         torch.save(model.state_dict(), tmp)
-    described: dict = {**meta, "source_checkpoint": checkpoint_dir}
+    described: dict = {**meta, "source_checkpoint": source or checkpoint_dir}
     example = task.example_inputs(saved_config(state), meta["facts"])
     if example is not None:
         # Every input's batch dimension is dynamic; other sizes are whatever torch.export
@@ -61,19 +62,23 @@ def export_checkpoint(
 
 
 def export_best(task: Task, checkpoint_path: str, run_dir: str) -> dict[str, str]:
-    """Export ``checkpoint_path`` (local or URI) into ``<run_dir>/export``."""
+    """Export ``checkpoint_path`` into ``<run_dir>/export`` (each a local path or a full
+    URI such as ``s3://bucket/runs/<name>``; a URI export is made locally, then each file
+    uploaded whole, model.json last)."""
     import tempfile
 
     import ray.train
 
     with ray.train.Checkpoint(checkpoint_path).as_directory() as local_checkpoint:
         if not is_uri(run_dir):
-            return export_checkpoint(local_checkpoint, os.path.join(run_dir, "export"), task)
+            return export_checkpoint(
+                local_checkpoint, os.path.join(run_dir, "export"), task, source=checkpoint_path
+            )
         with tempfile.TemporaryDirectory() as staging:
-            paths = export_checkpoint(local_checkpoint, staging, task)
+            paths = export_checkpoint(local_checkpoint, staging, task, source=checkpoint_path)
             uploaded = {}
-            for name, path in paths.items():
-                target = f"{run_dir}/export/{os.path.basename(path)}"
+            for name, path in paths.items():  # written in order: meta last
+                target = join(run_dir, "export", os.path.basename(path))
                 with open(path, "rb") as f:
                     write_bytes(target, f.read())
                 uploaded[name] = target

@@ -12,6 +12,7 @@ from typing import Any
 from ray_ddp.checkpoint import CheckpointError, check_compatible, load_state, task_meta
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.rerun_guard import check_rerun
+from ray_ddp.storage import is_uri, local_copy
 from ray_ddp.task import Task
 from ray_ddp.task_check import check_facts, load_task, user_code
 
@@ -49,13 +50,28 @@ def preflight(
     check_rerun(cfg)
     if cfg.resume_from:
         try:
-            state = load_state(cfg.resume_from)
+            state = load_checkpoint_state(cfg.resume_from)
             check_compatible(state, prepared.meta(cfg), f"--resume-from {cfg.resume_from}")
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from exc
     for batch_size in batch_sizes or [cfg.batch_size]:
         check_batch_fits(cfg, train_size, batch_size)
     return prepared
+
+
+def load_checkpoint_state(path: str) -> dict[str, Any]:
+    """``checkpoint.load_state`` of a checkpoint directory at a local path or a storage URI
+    (``s3://bucket/runs/<name>/checkpoint_...``: downloaded to a temporary directory)."""
+    if not is_uri(path):
+        return load_state(path)
+    try:
+        with local_copy(path) as directory:
+            try:
+                return load_state(directory)
+            except CheckpointError as exc:  # name the URI, not the temporary directory
+                raise CheckpointError(str(exc).replace(directory, path)) from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
 
 
 def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) -> None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.flags import flag_name, resume_safe_fields
-from ray_ddp.storage import read_text, write_bytes
+from ray_ddp.storage import join, read_text, write_bytes
 
 RECORD_FILE = "ray_ddp_config.json"
 
@@ -25,7 +25,7 @@ RESUME_SAFE = resume_safe_fields(TrainConfig)
 
 
 def record_path(cfg: TrainConfig) -> str:
-    return f"{cfg.storage_path.rstrip('/')}/{cfg.name}/{RECORD_FILE}"
+    return join(cfg.storage_path, cfg.name or "", RECORD_FILE)
 
 
 def config_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ import ray.train
 from ray_ddp.checkpoint import CheckpointError, load_state, restore_rng
 from ray_ddp.config import TrainConfig
 from ray_ddp.optim import apply_hyperparameters, hyperparameters, set_schedule_step
+from ray_ddp.preflight import load_checkpoint_state
 from ray_ddp.seeding import seed_step_randomness
 from ray_ddp.storage import list_checkpoints
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState
@@ -34,26 +35,38 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
     for the newest older one that can; training never silently starts over."""
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is None:
-        return Restored(load_state(resume_from), resume_from) if resume_from else None
+        if not resume_from:
+            return None
+        return Restored(load_checkpoint_state(resume_from), resume_from)
+    fs = checkpoint.filesystem  # local or s3/gs alike
     try:
-        return Restored(_read(checkpoint), checkpoint.path)
+        return Restored(_read(checkpoint), _shown(fs, checkpoint.path))
     except CheckpointError as exc:
         worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
     latest = checkpoint.path.rstrip("/")
     run_dir = latest.rsplit("/", 1)[0]
-    fs = checkpoint.filesystem  # local or s3/gs alike
     older = [p for p in list_checkpoints(fs, run_dir) if p < latest]
     for path in reversed(older):
         try:
             state = _read(ray.train.Checkpoint(path, filesystem=fs))
         except CheckpointError as exc:
-            worker.log(f"warning: {path} is unusable too ({exc})")
+            worker.log(f"warning: {_shown(fs, path)} is unusable too ({exc})")
             continue
-        worker.log(f"warning: resuming from the older checkpoint {path}")
-        return Restored(state, path)
+        worker.log(f"warning: resuming from the older checkpoint {_shown(fs, path)}")
+        return Restored(state, _shown(fs, path))
     raise CheckpointError(
-        f"no usable checkpoint in {run_dir}; move the run aside or use a new --name"
+        f"no usable checkpoint in {_shown(fs, run_dir)}; move the run aside or use a new --name"
     )
+
+
+# pyarrow filesystems whose paths are "bucket/key", and their URI schemes.
+_SCHEMES = {"s3": "s3", "gcs": "gs"}
+
+
+def _shown(fs, path: str) -> str:
+    """``path`` on filesystem ``fs`` as a URI for messages (``s3://bucket/...``)."""
+    scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
+    return f"{scheme}://{path}" if scheme else path
 
 
 def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.preflight import PreparedTask
 from ray_ddp.rerun_guard import check_rerun, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
-from ray_ddp.storage import write_bytes
+from ray_ddp.storage import is_uri, join, upload_dir, uri_of, write_bytes
 from ray_ddp.task import Task
 from ray_ddp.transforms import augment_policy
 
@@ -27,7 +27,7 @@ class Interrupted(Exception):
     """The user stopped the run (Ctrl-C); its checkpoints are intact."""
 
     def __init__(self, cfg: TrainConfig):
-        run_dir = os.path.join(cfg.storage_path, cfg.name or "")
+        run_dir = join(cfg.storage_path, cfg.name or "")
         super().__init__(
             f"interrupted: the workers were stopped; checkpoints in {run_dir} are intact. "
             f"Resume with the same flags and --name {cfg.name}"
@@ -71,7 +71,9 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
-    print(f"run {cfg.name} -> {os.path.join(cfg.storage_path, cfg.name)}", flush=True)
+    run_dir = join(cfg.storage_path, cfg.name)
+    print(f"run {cfg.name} -> {run_dir}", flush=True)
+    cfg = shared_resume_from(cfg, run_dir, alive_nodes())
     trainer = build_trainer(cfg, prepared)
     started = time.perf_counter()
     try:
@@ -120,8 +122,31 @@ def _export(task: Task, checkpoint: str, run_dir: str) -> dict[str, str]:
     except Exception as exc:  # noqa: BLE001 - reported, training already succeeded
         print(f"export skipped: {type(exc).__name__}: {exc}", flush=True)
         return {}
-    print(f"exported the best checkpoint -> {os.path.dirname(paths['meta'])}", flush=True)
+    print(f"exported the best checkpoint -> {join(run_dir, 'export')}", flush=True)
     return paths
+
+
+def alive_nodes() -> int:
+    import ray
+
+    return sum(1 for node in ray.nodes() if node["Alive"])
+
+
+def shared_resume_from(cfg: TrainConfig, run_dir: str, nodes: int) -> TrainConfig:
+    """``--resume-from`` as every worker can read it. A URI already is. A local path is
+    made absolute (workers run in directories of their own), and on a cluster of more than
+    one node it is copied into ``<run_dir>/resume_from/<checkpoint>``: a worker on another
+    node than the driver's may not have the path, while every node sees the run's storage
+    (``cluster.check_shared_storage``). Each file of the copy is written whole."""
+    if not cfg.resume_from or is_uri(cfg.resume_from):
+        return cfg
+    source = os.path.abspath(os.path.expanduser(cfg.resume_from))
+    if nodes <= 1:
+        return dataclasses.replace(cfg, resume_from=source)
+    target = join(run_dir, "resume_from", os.path.basename(source.rstrip(os.sep)))
+    upload_dir(source, target)
+    print(f"--resume-from {source} copied to {target}, where every node sees it", flush=True)
+    return dataclasses.replace(cfg, resume_from=target)
 
 
 def build_trainer(
@@ -190,6 +215,10 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
     )
     final_metrics = result.metrics or {}
 
+    def full(path: str) -> str:
+        # Ray's paths drop the scheme and options of a URI storage (s3://...): put them back.
+        return uri_of(cfg.storage_path, path)
+
     def pick(metrics: dict[str, Any]) -> dict[str, Any]:
         kept = ("epoch", "evaluated_samples")
         return {k: v for k, v in metrics.items() if k in kept or k.startswith("val_")}
@@ -197,7 +226,7 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
     train_seconds = info.get("train_seconds", 0.0)
     return {
         "name": cfg.name,
-        "run_dir": result.path,
+        "run_dir": full(result.path),
         "world_size": cfg.num_workers,
         "device": "gpu" if cfg.use_gpu else "cpu",
         "per_worker_batch_size": cfg.batch_size,
@@ -211,8 +240,8 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
         "score": score,
         "score_mode": task.best_mode,
         "final": pick(final_metrics),
-        "best": {**pick(best_metrics), "checkpoint": best_ckpt.path} if best_ckpt else {},
-        "latest_checkpoint": result.checkpoint.path if result.checkpoint else None,
+        "best": {**pick(best_metrics), "checkpoint": full(best_ckpt.path)} if best_ckpt else {},
+        "latest_checkpoint": full(result.checkpoint.path) if result.checkpoint else None,
         "history": info.get("history", []),
         "ranks": info.get("ranks", []),
         "per_rank": info.get("per_rank", []),
