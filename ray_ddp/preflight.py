@@ -5,6 +5,7 @@ to change, raised before any cluster work."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,13 @@ def preflight(
     per-worker ``batch_sizes`` a sweep will try (default: the config's own) against the
     data."""
     validate(cfg)
-    if cfg.amp == "fp16" and cfg.use_gpu is None and not cfg.address and not _local_gpus():
+    if (
+        cfg.amp == "fp16"
+        and cfg.use_gpu is None
+        and not cfg.address
+        and not os.environ.get("RAY_ADDRESS")  # a submitted job: the GPUs are the cluster's
+        and not _local_gpus()
+    ):
         raise ConfigError(
             "--amp fp16 needs GPUs and this machine has none; use --amp bf16 or --amp off"
         )
