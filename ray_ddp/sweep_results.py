@@ -10,7 +10,7 @@ from typing import Any
 
 from ray_ddp.config import global_batch
 from ray_ddp.plots import figure, integer_ticks, png_bytes
-from ray_ddp.storage import write_bytes
+from ray_ddp.storage import join, write_bytes
 
 CSV_FIELDS = (
     "trial", "lr", "batch_size", "global_batch_size", "epochs_run", "metric", "best_value",
@@ -78,8 +78,8 @@ def write_outputs(sweep_dir: str, trials: list[dict[str, Any]]) -> None:
     writer = csv.DictWriter(text, fieldnames=CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(trials)
-    write_bytes(os.path.join(sweep_dir, "results.csv"), text.getvalue().encode())
-    write_bytes(os.path.join(sweep_dir, "sweep.png"), _plot(trials))
+    write_bytes(join(sweep_dir, "results.csv"), text.getvalue().encode())
+    write_bytes(join(sweep_dir, "sweep.png"), _plot(trials))
 
 
 def _plot(trials: list[dict[str, Any]]) -> bytes:
@@ -132,7 +132,7 @@ def results_table(summary: dict[str, Any]) -> str:
         f"best: trial {best['trial']}  lr {best['lr']:.3e}  batch {best['batch_size']}/worker "
         f"(global {best['global_batch_size']})  {metric} {best['best_value']:.4f}",
         f"best checkpoint: {best['best_checkpoint']}",
-        f"results: {os.path.join(summary['sweep_dir'], 'results.csv')} and sweep.png; "
+        f"results: {join(summary['sweep_dir'], 'results.csv')} and sweep.png; "
         f"{summary['wall_s']:.0f} s wall",
     ]
     return "\n".join(lines)

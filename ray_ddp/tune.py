@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from typing import Any
 
 from ray_ddp.cluster import prepare_cluster_run
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
+from ray_ddp.storage import exists, join, storage_location, uri_of
 from ray_ddp.sweep_results import trial_lr, trial_row, write_outputs
 
 
@@ -64,9 +64,21 @@ def _run_trial(config: dict[str, Any]) -> None:
     build_trainer(cfg, prepared, callbacks=[TuneReportCallback()]).fit()
 
 
+def refuse_existing(sweep_dir: str) -> None:
+    """A new sweep never writes into an existing one's directory (its Tune state, results
+    and trials would be overwritten). It exists when anything is there: on an object store
+    (s3://...), any object under its prefix."""
+    if exists(sweep_dir):
+        raise ConfigError(
+            f"{sweep_dir} already exists: pass --resume to continue it, or a new --name"
+        )
+
+
 def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
     validate_sweep(sweep, cfg)
+    if cfg.name and not sweep.resume:
+        refuse_existing(join(storage_location(cfg.storage_path), cfg.name))
     cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes)
     task = prepared.task
     metric, mode = f"val_{task.best_metric}", task.best_mode
@@ -75,9 +87,11 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
+    from ray_ddp.trainer import alive_nodes, shared_resume_from
+
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
     name = cfg.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    sweep_dir = os.path.join(cfg.storage_path, name)
+    sweep_dir = join(cfg.storage_path, name)
     cfg = dataclasses.replace(cfg, name=None, summary_json=None)
 
     trainable = tune.with_resources(_run_trial, {"CPU": sweep.trial_cpus})
@@ -106,10 +120,8 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
             sweep_dir, trainable, resume_unfinished=True, resume_errored=True
         )
     else:
-        if os.path.exists(sweep_dir):
-            raise ConfigError(
-                f"{sweep_dir} already exists: pass --resume to continue it, or a new --name"
-            )
+        refuse_existing(sweep_dir)  # a generated name too, however unlikely
+        cfg = shared_resume_from(cfg, sweep_dir, alive_nodes())
         scheduler = (
             ASHAScheduler(
                 time_attr="epoch",
@@ -124,7 +136,7 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
             trainable,
             param_space={
                 "train": cfg.to_dict(),
-                "train_storage": os.path.join(sweep_dir, "train"),
+                "train_storage": join(sweep_dir, "train"),
                 "facts": prepared.facts,
                 "scale_lr": sweep.scale_lr,
                 "lr": tune.loguniform(sweep.lr_min, sweep.lr_max),
@@ -145,6 +157,9 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
     trials = [trial_row(result, cfg.epochs, metric, mode) for result in grid]
+    for t in trials:  # Tune's paths drop the scheme and options of a URI storage
+        if t["best_checkpoint"]:
+            t["best_checkpoint"] = uri_of(cfg.storage_path, t["best_checkpoint"])
     trials.sort(key=lambda t: t["trial"])
     finished = [t for t in trials if t["best_value"] is not None]
     if not finished:
