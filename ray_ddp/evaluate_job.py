@@ -117,15 +117,19 @@ def run_evaluation(
 
 
 def write_predictions(rows: list[tuple], columns: list[str], path: str) -> None:
-    """One row per sample: its dataset ``index`` and the task's prediction columns."""
+    """One row per sample: its dataset ``index`` and the task's prediction columns, as
+    Parquet at a local path or a storage URI, written completely or not at all."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from ray_ddp.storage import write_bytes
 
     names = ["index", *columns]
     values = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
     table = pa.table({name: pa.array(column) for name, column in zip(names, values, strict=True)})
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    pq.write_table(table, path)
+    out = pa.BufferOutputStream()
+    pq.write_table(table, out)
+    write_bytes(path, out.getvalue().to_pybytes())
 
 
 def results_text(results: dict[str, Any]) -> str:
