@@ -1,0 +1,381 @@
+"""Runs on S3-compatible object storage, against a real S3 server on 127.0.0.1 (moto's
+standalone server, started here; dummy credentials, nothing leaves the machine).
+
+The fast tests use the storage helpers, the run logs, the run record and the sweep's
+refusal directly. The Ray tests train on ``s3://`` with a local Ray of their own, started
+after the environment points at the server (Ray's workers inherit the environment of the
+process that starts Ray): a run, its restart under the same name, ``--resume-from`` a
+checkpoint URI, ``jobs/evaluate.py`` on one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import logging
+import os
+
+import pytest
+import torch
+
+from ray_ddp import storage
+from ray_ddp.checkpoint import CheckpointError
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.run_logs import METRICS_CSV, RunLogs, read_metrics
+
+BUCKET = "bucket"
+# Small: ~10 s of training per run on 2 cores.
+BASE = dict(num_workers=2, train_samples=1000, val_samples=101, batch_size=64, epochs=2)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    """A moto S3 server on a free port of 127.0.0.1 with one bucket; the environment set
+    as for any S3-compatible endpoint (AWS_ENDPOINT_URL, credentials, region). Yields the
+    endpoint ``host:port``."""
+    pytest.importorskip("moto", reason="pip install -e '.[test]' (moto[server])")
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"{host}:{port}"
+    with pytest.MonkeyPatch.context() as env:
+        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE"):
+            env.delenv(key, raising=False)
+        env.setenv("AWS_ACCESS_KEY_ID", "testing")
+        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        env.setenv("AWS_REGION", "us-east-1")
+        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
+        env.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
+        env.setenv("AWS_ENDPOINT_URL", f"http://{endpoint}")
+        fs, _ = storage.filesystem(f"s3://{BUCKET}?allow_bucket_creation=true")
+        fs.create_dir(BUCKET)
+        yield endpoint
+    server.stop()
+
+
+def _keys(uri: str) -> list[str]:
+    """Every object under ``uri``, relative to it."""
+    import pyarrow.fs
+
+    fs, inner = storage.filesystem(uri)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(inner, recursive=True, allow_not_found=True))
+    return sorted(i.path[len(inner) + 1 :] for i in infos if i.type == pyarrow.fs.FileType.File)
+
+
+# ------------------------------------------------------------------ no Ray
+def test_join_and_full_uris_keep_the_scheme_and_the_options():
+    base = "s3://b/runs?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert storage.join(base, "x", "metrics.csv") == (
+        "s3://b/runs/x/metrics.csv?endpoint_override=127.0.0.1:9000&scheme=http"
+    )
+    assert storage.join("s3://b/runs/", "x") == "s3://b/runs/x"
+    assert storage.join("/tmp/runs", "x", "y") == "/tmp/runs/x/y"
+    # Ray's Result.path / Checkpoint.path: the filesystem path, scheme and options dropped.
+    assert storage.uri_of(base, "b/runs/x/checkpoint_1") == (
+        "s3://b/runs/x/checkpoint_1?endpoint_override=127.0.0.1:9000&scheme=http"
+    )
+    assert storage.uri_of("gs://b", "b/x") == "gs://b/x"
+    assert storage.uri_of("/tmp/runs", "/tmp/runs/x") == "/tmp/runs/x"
+    assert storage.uri_of("s3://b/runs", "elsewhere/x") == "elsewhere/x"
+
+
+@pytest.mark.parametrize("options", [False, True], ids=["AWS_ENDPOINT_URL", "uri-options"])
+def test_storage_helpers_against_the_s3_server(s3, tmp_path, monkeypatch, options):
+    """Write, read, exists (file, prefix, marker, nothing), download and upload, with the
+    endpoint from the environment or from the URI's own options alone."""
+    root = f"s3://{BUCKET}/helpers-{options}"
+    if options:
+        monkeypatch.delenv("AWS_ENDPOINT_URL")
+        root += f"?endpoint_override={s3}&scheme=http"
+    target = storage.join(root, "a", "b.txt")
+    assert storage.read_text(target) is None and not storage.exists(target)
+    storage.write_bytes(target, b"one")
+    storage.write_bytes(target, b"two")  # replaced whole
+    assert storage.read_text(target) == "two" and storage.read_bytes(target) == b"two"
+    assert storage.exists(target) and storage.exists(storage.join(root, "a"))  # a prefix
+    assert not storage.exists(storage.join(root, "nothing"))
+    fs, inner = storage.filesystem(storage.join(root, "marker"))
+    fs.create_dir(inner)  # an empty "directory": a marker object
+    assert storage.exists(storage.join(root, "marker"))
+
+    (tmp_path / "ckpt" / "sub").mkdir(parents=True)
+    (tmp_path / "ckpt" / "state.pt").write_bytes(b"x" * 1000)
+    (tmp_path / "ckpt" / "sub" / "f").write_bytes(b"y")
+    written = storage.upload_dir(str(tmp_path / "ckpt"), storage.join(root, "copy"))
+    assert written == [storage.join(root, "copy", n) for n in ("state.pt", "sub/f")]
+    assert _keys(storage.join(root, "copy")) == ["state.pt", "sub/f"]
+    with storage.local_copy(storage.join(root, "copy")) as local:
+        assert storage.read_bytes(os.path.join(local, "state.pt")) == b"x" * 1000
+        assert storage.read_bytes(os.path.join(local, "sub", "f")) == b"y"
+    assert not os.path.exists(local)  # the download is removed
+    with storage.local_copy(storage.join(root, "missing")) as local:
+        assert os.listdir(local) == []
+
+
+def _metrics(epoch: int) -> dict:
+    return {
+        "epoch": epoch, "step": 10 * epoch, "train_loss": 1.0 / epoch, "val_loss": 1.5 / epoch,
+        "val_acc": 0.1 * epoch, "lr": 0.001, "samples_per_s": 100.0, "epoch_s": 1.0,
+        "speed_max_min": 1.0, "memory_max_min": 1.0, "peak_memory_mb": 10.0,
+    }  # fmt: skip
+
+
+def _run_logs_epochs(run_dir: str, epochs: range) -> None:
+    logs = RunLogs(run_dir, tensorboard=True)
+    per_rank = [{"rank": 0, "samples_per_s": 100.0, "peak_memory_mb": 10.0}]
+    for epoch in epochs:
+        logs.step(epoch * 10, 1.0 / epoch, 0.001)
+        logs.epoch(_metrics(epoch), per_rank)
+    logs.close()
+
+
+@pytest.mark.parametrize("options", [False, True], ids=["AWS_ENDPOINT_URL", "uri-options"])
+def test_a_restarted_run_keeps_every_metrics_row_and_earlier_event_files(s3, monkeypatch, options):
+    """What a restart did (a fresh staging folder, possibly on another node): the
+    history came back from S3 and every upload carried the whole of it."""
+    run_dir = storage.join(f"s3://{BUCKET}/logs-{options}", "run")
+    if options:
+        monkeypatch.delenv("AWS_ENDPOINT_URL")
+        run_dir += f"?endpoint_override={s3}&scheme=http"
+    _run_logs_epochs(run_dir, range(1, 3))
+    assert [r["epoch"] for r in read_metrics(storage.join(run_dir, METRICS_CSV))] == [1, 2]
+    events = [k for k in _keys(run_dir) if k.startswith("tensorboard/")]
+    first_events = {k: storage.read_bytes(storage.join(run_dir, k)) for k in events}
+    assert len(first_events) == 1
+
+    _run_logs_epochs(run_dir, range(2, 4))  # restarted from the epoch-1 checkpoint
+    text = storage.read_text(storage.join(run_dir, METRICS_CSV))
+    assert text.splitlines()[0].startswith("epoch,step,train_loss,val_loss,val_acc,lr")
+    assert len(text.splitlines()) == 1 + 4  # header, epochs 1, 2, then 2 again and 3
+    assert [r["epoch"] for r in read_metrics(storage.join(run_dir, METRICS_CSV))] == [1, 2, 3]
+    events = [k for k in _keys(run_dir) if k.startswith("tensorboard/")]
+    assert len(events) == 2  # one file per attempt
+    for key, data in first_events.items():
+        assert storage.read_bytes(storage.join(run_dir, key)) == data  # untouched
+    png = storage.read_bytes(storage.join(run_dir, "curves.png"))
+    assert png is not None and png.startswith(b"\x89PNG")
+
+
+def test_run_record_on_s3_refuses_another_config(s3):
+    from ray_ddp.rerun_guard import check_rerun, record_path, write_record
+
+    cfg = TrainConfig(storage_path=f"s3://{BUCKET}/records", name="run", lr=0.5)
+    check_rerun(cfg)  # nothing recorded yet
+    write_record(cfg)
+    assert record_path(cfg) == f"s3://{BUCKET}/records/run/ray_ddp_config.json"
+    assert json.loads(storage.read_text(record_path(cfg)))["lr"] == 0.5
+    check_rerun(dataclasses.replace(cfg, epochs=20))  # extending it is fine
+    with pytest.raises(ConfigError, match=r"exists with another config \(--lr 0.5 -> 0.1\)"):
+        check_rerun(dataclasses.replace(cfg, lr=0.1))
+
+
+@pytest.mark.parametrize("marker", ["object", "directory-marker"])
+def test_a_sweep_under_an_existing_name_on_s3_is_refused(s3, capsys, marker):
+    """A sweep "exists" on an object store when anything lies under its prefix (Tune's
+    state, results.csv, a trial's checkpoint, or an empty directory marker): refused with
+    one line, exit 2, before Ray or any trial starts, and nothing is written."""
+    from ray_ddp.cli import tune_main
+
+    sweep_dir = f"s3://{BUCKET}/sweeps/old-{marker}"
+    if marker == "object":
+        storage.write_bytes(storage.join(sweep_dir, "results.csv"), b"trial\n")
+    else:
+        fs, inner = storage.filesystem(sweep_dir)
+        fs.create_dir(inner)
+    before = _keys(f"s3://{BUCKET}/sweeps")
+    code = tune_main(
+        ["--storage-path", f"s3://{BUCKET}/sweeps", "--name", f"old-{marker}",
+         "--num-samples", "1", "--epochs", "1", "--train-samples", "200"]
+    )  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err == (
+        f"error: {sweep_dir} already exists: pass --resume to continue it, or a new --name\n"
+    )
+    assert _keys(f"s3://{BUCKET}/sweeps") == before
+
+
+def _fake_checkpoint(directory) -> None:
+    directory.mkdir(parents=True)
+    torch.save({"format_version": 1, "marker": 7}, directory / "state.pt")
+
+
+def test_resume_from_reads_a_checkpoint_uri(s3, tmp_path):
+    from ray_ddp.preflight import load_checkpoint_state
+
+    _fake_checkpoint(tmp_path / "ckpt")
+    uri = f"s3://{BUCKET}/resume/run/checkpoint_1"
+    storage.upload_dir(str(tmp_path / "ckpt"), uri)
+    assert load_checkpoint_state(uri)["marker"] == 7
+    missing = f"s3://{BUCKET}/resume/run/checkpoint_none"
+    with pytest.raises(CheckpointError, match=f"^{missing} is not a ray_ddp checkpoint"):
+        load_checkpoint_state(missing)
+
+
+def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, tmp_path):
+    """On more than one node a worker may not see the driver's --resume-from path: it is
+    copied into the run's storage, which every node sees. On one node it stays."""
+    from ray_ddp.preflight import load_checkpoint_state
+    from ray_ddp.trainer import shared_resume_from
+
+    _fake_checkpoint(tmp_path / "checkpoint_7")
+    cfg = TrainConfig(resume_from=str(tmp_path / "checkpoint_7"))
+    run_dir = f"s3://{BUCKET}/shared/run"
+    assert shared_resume_from(cfg, run_dir, nodes=1) == cfg
+    shared = shared_resume_from(cfg, run_dir, nodes=3).resume_from
+    assert shared == f"{run_dir}/resume_from/checkpoint_7"
+    assert load_checkpoint_state(shared)["marker"] == 7
+    uri = dataclasses.replace(cfg, resume_from=shared)
+    assert shared_resume_from(uri, run_dir, nodes=3) == uri  # a URI is already shared
+
+
+def test_predictions_are_written_to_a_uri(s3):
+    import pyarrow.parquet as pq
+
+    from ray_ddp.evaluate_job import write_predictions
+
+    uri = f"s3://{BUCKET}/eval/preds.parquet"
+    write_predictions([(0, 1, 0.5), (1, 2, 0.25)], ["predicted", "confidence"], uri)
+    table = pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pydict()
+    assert table == {"index": [0, 1], "predicted": [1, 2], "confidence": [0.5, 0.25]}
+
+
+def test_fp16_is_not_refused_in_a_submitted_job(monkeypatch):
+    """Inside ``ray job submit`` (RAY_ADDRESS set) the driver runs on the head, which may
+    have no GPU while the cluster's workers do: the cluster decides, not this machine."""
+    from ray_ddp.preflight import preflight
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    cfg = TrainConfig(amp="fp16", train_samples=200, val_samples=50)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="--amp fp16 needs GPUs"):
+            preflight(cfg)
+    monkeypatch.setenv("RAY_ADDRESS", "http://head:8265")
+    preflight(cfg)  # passes: the GPUs are checked once connected
+
+
+# ------------------------------------------------------------------ real Ray
+@pytest.fixture(scope="module")
+def s3_ray(s3, no_shared_ray):
+    """A local Ray of this module's own, started after the environment points at the
+    S3 server (its workers inherit it)."""
+    import ray
+
+    ray.init(num_cpus=2, logging_level="WARNING")
+    try:
+        yield s3
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def s3_runs(s3_ray):
+    """A 2-epoch run on s3://, then the same --name again with 3 epochs: a restart after
+    the driver was killed (the same path a --max-failures restart takes to its logs)."""
+    from ray_ddp.trainer import run_training
+
+    cfg = TrainConfig(**BASE, storage_path=f"s3://{BUCKET}/runs", name="s3run")
+    first = run_training(cfg)
+    second = run_training(dataclasses.replace(cfg, epochs=3))
+    return cfg, first, second
+
+
+@pytest.mark.ray
+@pytest.mark.own_cluster
+def test_a_run_on_s3_writes_everything_and_a_restart_keeps_the_history(s3_runs):
+    cfg, first, second = s3_runs
+    run_dir = f"s3://{BUCKET}/runs/s3run"
+    for summary in (first, second):
+        assert summary["run_dir"] == run_dir
+        assert summary["best"]["checkpoint"].startswith(f"{run_dir}/checkpoint_")
+        assert summary["latest_checkpoint"].startswith(f"{run_dir}/checkpoint_")
+        assert summary["export"]["program"] == f"{run_dir}/export/model.pt2"
+    assert [m["epoch"] for m in second["history"]] == [3]  # resumed, epochs 1-2 not redone
+    keys = _keys(run_dir)
+    assert {"metrics.csv", "curves.png", "ray_ddp_config.json"} <= set(keys)
+    assert {"export/model.pt2", "export/model_state_dict.pt", "export/model.json"} <= set(keys)
+    assert len([k for k in keys if k.startswith("tensorboard/events.out.tfevents.")]) == 2
+    assert any(k.startswith("checkpoint_") and k.endswith("/state.pt") for k in keys)
+    rows = read_metrics(storage.join(run_dir, METRICS_CSV))
+    assert [r["epoch"] for r in rows] == [1, 2, 3]  # every epoch, across both attempts
+    history = first["history"] + second["history"]
+    assert [r["val_acc"] for r in rows] == [m["val_acc"] for m in history]
+    meta = json.loads(storage.read_text(f"{run_dir}/export/model.json"))
+    assert meta["source_checkpoint"] == second["best"]["checkpoint"]
+
+
+@pytest.mark.ray
+@pytest.mark.own_cluster
+def test_resume_from_a_checkpoint_uri_into_a_new_name(s3_runs):
+    from ray_ddp.checkpoint import load_state
+    from ray_ddp.trainer import run_training
+
+    cfg, _, second = s3_runs
+    summary = run_training(
+        dataclasses.replace(
+            cfg, name="branch", epochs=4, resume_from=second["latest_checkpoint"], export=False
+        )
+    )
+    assert [m["epoch"] for m in summary["history"]] == [4]
+    assert summary["run_dir"] == f"s3://{BUCKET}/runs/branch"
+    with storage.local_copy(summary["latest_checkpoint"]) as local:
+        assert load_state(local)["progress"]["epoch"] == 4
+
+
+@pytest.mark.ray
+@pytest.mark.own_cluster
+def test_evaluate_a_checkpoint_uri(s3_runs, capsys):
+    """jobs/evaluate.py s3://.../checkpoint_...: the run's own figures; results to S3."""
+    from ray_ddp.cli import evaluate_main
+
+    _, _, second = s3_runs
+    results_uri = f"s3://{BUCKET}/eval/results.json"
+    code = evaluate_main(
+        [second["latest_checkpoint"], "--num-workers", "2", "--summary-json", results_uri]
+    )
+    assert code == 0, capsys.readouterr().err
+    results = json.loads(storage.read_text(results_uri))
+    assert results["checkpoint"] == second["latest_checkpoint"]
+    assert results["metrics"]["acc"] == second["final"]["val_acc"]
+    assert results["metrics"]["loss"] == pytest.approx(second["final"]["val_loss"], rel=1e-5)
+    assert results["sums"]["acc"][1] == 101
+
+
+@pytest.mark.ray
+@pytest.mark.own_cluster
+def test_a_sweep_on_s3_writes_its_results_and_its_name_is_then_taken(s3_ray, capsys):
+    """One tiny trial: Tune's state, the trial's checkpoints, results.csv and sweep.png
+    land on S3 and the best checkpoint is a full URI; the same --name again is refused."""
+    from ray_ddp.cli import tune_main
+
+    argv = [
+        "--storage-path", f"s3://{BUCKET}/sweeps", "--name", "tiny", "--num-samples", "1",
+        "--epochs", "1", "--train-samples", "200", "--val-samples", "50",
+        "--batch-sizes", "32", "--num-workers", "2", "--cpus-per-worker", "0.9",
+        "--summary-json", f"s3://{BUCKET}/sweeps/tiny.json",
+    ]  # fmt: skip
+    assert tune_main(argv) == 0, capsys.readouterr().err
+    sweep_dir = f"s3://{BUCKET}/sweeps/tiny"
+    keys = _keys(sweep_dir)
+    assert {"results.csv", "sweep.png"} <= set(keys)
+    assert any(k.startswith("experiment_state") for k in keys), keys  # Tune's own state
+    summary = json.loads(storage.read_text(f"s3://{BUCKET}/sweeps/tiny.json"))
+    assert summary["sweep_dir"] == sweep_dir
+    best = summary["best"]["best_checkpoint"]
+    assert best.startswith(f"{sweep_dir}/train/") and "/checkpoint_" in best, best
+    assert storage.exists(storage.join(best, "state.pt"))
+    assert best in storage.read_text(storage.join(sweep_dir, "results.csv"))
+    capsys.readouterr()
+
+    assert tune_main(argv) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"error: {sweep_dir} already exists: pass --resume to continue it, or a new --name\n"
+    )
+    assert _keys(sweep_dir) == keys  # nothing overwritten
