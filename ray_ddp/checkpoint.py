@@ -153,9 +153,15 @@ def list_or(value: Any) -> Any:
 
 def load_model(directory: str, task: Any = None) -> torch.nn.Module:
     """A plain (unwrapped, non-distributed) model with the checkpoint's weights, in eval
-    mode, for evaluation or inference without Ray. ``task``: the Task that trained it
-    (default: the one the checkpoint names, imported)."""
+    mode, for evaluation or inference without Ray. ``directory`` is a local path or a
+    storage URI (``s3://...``: downloaded to a temporary directory first). ``task``: the
+    Task that trained it (default: the one the checkpoint names, imported)."""
+    from ray_ddp.storage import is_uri, local_copy
     from ray_ddp.task_check import load_task
+
+    if is_uri(directory):
+        with local_copy(directory) as local:
+            return load_model(local, task)
 
     state = load_state(directory)
     meta = saved_task_meta(state)

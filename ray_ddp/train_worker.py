@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import StepTimer
+from ray_ddp.storage import join
 from ray_ddp.task import Task
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
@@ -233,7 +233,7 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
     """The step timer, the loss guard, and on rank 0 the run logs and progress lines."""
     logs = None
     if worker.is_main:
-        logs = RunLogs(os.path.join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
+        logs = RunLogs(join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
     return EpochTools(
         task=task,
         device=worker.device,

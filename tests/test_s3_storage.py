@@ -312,20 +312,28 @@ def test_a_run_on_s3_writes_everything_and_a_restart_keeps_the_history(s3_runs):
 
 @pytest.mark.ray
 @pytest.mark.own_cluster
-def test_resume_from_a_checkpoint_uri_into_a_new_name(s3_runs):
-    from ray_ddp.checkpoint import load_state
+def test_resume_from_a_checkpoint_uri_into_a_new_name(s3, s3_runs, monkeypatch):
+    """Into a storage path that names its endpoint in the URI itself (as for MinIO or R2
+    without AWS_ENDPOINT_URL): every path keeps those options, workers' logs included."""
+    from ray_ddp.checkpoint import load_model, load_state
     from ray_ddp.trainer import run_training
 
     cfg, _, second = s3_runs
+    options = f"?endpoint_override={s3}&scheme=http"
     summary = run_training(
         dataclasses.replace(
-            cfg, name="branch", epochs=4, resume_from=second["latest_checkpoint"], export=False
+            cfg, storage_path=f"s3://{BUCKET}/runs{options}", name="branch", epochs=4,
+            resume_from=second["latest_checkpoint"], export=False,
         )
-    )
+    )  # fmt: skip
     assert [m["epoch"] for m in summary["history"]] == [4]
-    assert summary["run_dir"] == f"s3://{BUCKET}/runs/branch"
+    assert summary["run_dir"] == f"s3://{BUCKET}/runs/branch{options}"
+    rows = read_metrics(storage.join(summary["run_dir"], METRICS_CSV))
+    assert [r["epoch"] for r in rows] == [4]  # the workers' logs reached that URI too
     with storage.local_copy(summary["latest_checkpoint"]) as local:
         assert load_state(local)["progress"]["epoch"] == 4
+    monkeypatch.delenv("AWS_ENDPOINT_URL")  # the URI's options alone find the server
+    assert isinstance(load_model(summary["latest_checkpoint"]), torch.nn.Module)
 
 
 @pytest.mark.ray
