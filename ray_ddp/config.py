@@ -38,6 +38,37 @@ class ConfigError(ValueError):
     """A configuration a person must fix. Its message is one actionable line."""
 
 
+def resources_problem(value: Any) -> str | None:
+    """What is wrong with a ``resources_per_worker`` value, as one line; None if nothing."""
+    example = """e.g. '{"trainer_slot": 1}'"""
+    if not isinstance(value, dict) or not value:
+        return f"--resources-per-worker must be a JSON object of resource amounts, {example}"
+    for name, amount in value.items():
+        if name in ("CPU", "GPU"):
+            flag = "--cpus-per-worker" if name == "CPU" else "--use-gpu (one GPU per worker)"
+            return f"--resources-per-worker: give {name} with {flag}"
+        if not isinstance(name, str) or not name.strip():
+            return f"--resources-per-worker: resource names must be non-empty strings, {example}"
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+            return f"--resources-per-worker: {name} must be a positive number, got {amount!r}"
+    return None
+
+
+def parse_resources(text: str) -> dict[str, float]:
+    """The ``--resources-per-worker`` flag: a JSON object of resource names to amounts."""
+    import argparse
+    import json
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    problem = resources_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem.removeprefix("--resources-per-worker: "))
+    return {name: float(amount) for name, amount in value.items()}
+
+
 def global_batch(per_worker: int, workers: int, accum: int) -> int:
     """Samples per optimizer step across the run: every worker's micro-batch, times the
     micro-batches each optimizer step accumulates."""
@@ -50,14 +81,24 @@ class TrainConfig:
 
     # --- scaling (who runs) ---
     num_workers: int | None = option(None, bound=POSITIVE)
-    """Ray training workers (= DDP processes). Auto: one per GPU in the cluster, else 2 CPU
-    workers."""
+    """Ray training workers (= DDP processes). Auto: one per GPU up in the cluster, else 2
+    CPU workers. GPU workers on a cluster whose GPU nodes are not up yet: give it."""
     cpus_per_worker: float = option(1.0, bound=POSITIVE, resume_safe=True)
     """CPUs reserved per worker (fractions allowed, e.g. to fit a Tune trial's driver
     beside its workers); the worker's torch thread count is its whole part, at least 1."""
+    resources_per_worker: dict[str, float] | None = option(
+        None, parse=parse_resources, metavar="JSON", resume_safe=True
+    )
+    """Other Ray resources each worker needs besides its CPUs and GPU, as a JSON object:
+    a custom resource some nodes advertise (``'{"trainer_slot": 1}'``) or a GPU model
+    (``'{"accelerator_type:A100": 0.001}'``). Workers are placed only on nodes that have
+    them, and an autoscaler is asked for such nodes."""
     use_gpu: bool | None = option(None, negative="--no-gpu", resume_safe=True)
-    """One GPU per worker, on NCCL; off: CPU workers on gloo even if GPUs exist.
-    Auto: GPUs if the cluster has them."""
+    """One GPU per worker, on NCCL; off: CPU workers on gloo even if GPUs exist. Auto: GPU
+    workers if GPUs are up, or if the cluster's autoscaler has a node type with GPUs (then
+    give --num-workers and --wait-for-resources: the GPU nodes are asked for and waited
+    for); else CPU workers, and on a cluster a line says why. On an autoscaling cluster
+    whose node types this driver cannot see, --use-gpu asks for GPU nodes."""
     address: str | None = option(None, resume_safe=True)
     """Ray cluster address to join (else RAY_ADDRESS, else a local Ray is started)."""
     placement_strategy: str = option(
@@ -66,8 +107,11 @@ class TrainConfig:
     """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
     ``SPREAD`` puts workers on as many nodes as it can."""
     wait_for_resources: float = option(0.0, bound=NON_NEGATIVE, metavar="SECONDS", resume_safe=True)
-    """Seconds to wait for nodes to join when the cluster is smaller than the request (an
-    autoscaling cluster). 0: refuse at once, with what was asked and what exists."""
+    """Seconds to wait for the workers' nodes when the nodes up cannot hold them: the
+    cluster's autoscaler is asked for one worker's resources per worker (and the request
+    is withdrawn when the wait ends), with a progress line every 10 s. 0: refuse at once,
+    with what was asked and what exists. A request no node (up, or of a node type the
+    autoscaler may start) can hold is refused at once whatever this says."""
     max_failures: int = option(
         0, bound=Bound("must be -1 (no limit) or more", lambda v: v >= -1), resume_safe=True
     )
@@ -253,6 +297,10 @@ def validate(cfg: TrainConfig) -> None:
                 f"{flag} configures the built-in image classification; --task {cfg.task} "
                 "builds its own data and model (give it settings in the task itself)"
             )
+    if cfg.resources_per_worker is not None:
+        problem = resources_problem(cfg.resources_per_worker)
+        if problem:
+            raise ConfigError(problem)
     if cfg.amp == "fp16" and cfg.use_gpu is False:
         raise ConfigError(
             "--amp fp16 needs GPUs (GradScaler is CUDA-only); use --amp bf16 on CPU workers"
