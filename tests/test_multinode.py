@@ -1,5 +1,6 @@
 """Several nodes simulated on this machine (ray.cluster_utils.Cluster): workers on
-different nodes, and a node lost mid-run survived through --max-failures."""
+different nodes, a node lost mid-run survived through --max-failures, and a request the
+cluster's totals hold but its nodes do not refused at once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 
 import pytest
 
+from ray_ddp.cli import train_main
 from ray_ddp.config import TrainConfig
 from ray_ddp.trainer import run_training
 
@@ -17,17 +19,32 @@ pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 
 @pytest.fixture(scope="module")
 def cluster(no_shared_ray):
-    """A head and two worker nodes with 1 CPU each; the module's own Ray connection."""
+    """A head with 1 CPU and two worker nodes with 1 and 2 CPUs; the module's own Ray
+    connection."""
     import ray
     from ray.cluster_utils import Cluster
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1})
-    nodes = [cluster.add_node(num_cpus=1) for _ in range(2)]
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, logging_level="WARNING")
-    yield cluster, nodes
-    ray.shutdown()
-    cluster.shutdown()
+    try:
+        nodes = [cluster.add_node(num_cpus=cpus) for cpus in (1, 2)]
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, logging_level="WARNING")
+        yield cluster, nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+def test_what_the_totals_hold_but_no_node_arrangement_does_is_refused(cluster, storage, capsys):
+    """4 CPUs in all hold 2 workers x 1.5 CPUs, but only the 2-CPU node holds one."""
+    started = time.monotonic()
+    argv = ["--num-workers", "2", "--cpus-per-worker", "1.5", "--storage-path", storage]
+    assert train_main(argv) == 2
+    assert time.monotonic() - started < 15  # at once, not Ray's endless pending
+    assert capsys.readouterr().err.strip() == (
+        "error: 2 workers x (1.5 CPUs) do not fit, counted node by node: the nodes hold 1 "
+        "(largest: 2 CPUs, fits 1); lower --num-workers to 1 or --cpus-per-worker to 1"
+    )
 
 
 def test_workers_spread_over_nodes(cluster, storage):
