@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+import shlex
 import socket
 
 import jsonschema
@@ -190,3 +191,69 @@ def test_gpu_worker_type_autoscales_on_a_gpu_instance():
     head = cfg["available_node_types"][cfg["head_node_type"]]
     assert head["max_workers"] == 0
     assert head["resources"].get("GPU", 0) == 0
+
+
+# ---------------------------------------------------------------- the documented jobs
+
+# What `ray up` fills into `resources: {}` from EC2 for the instance types used here.
+EC2_SHAPES = {
+    "m5.2xlarge": {"CPU": 8},
+    "g5.12xlarge": {"CPU": 48, "GPU": 4, "accelerator_type:A10G": 1},
+}
+
+
+def _commands(text: str) -> list[list[str]]:
+    """The argv after ``jobs/train.py`` or ``jobs/tune.py`` of each command in ``text``
+    (shell lines continued with a backslash; YAML comment marks dropped)."""
+    lines = [re.sub(r"^\s*#", "", line) for line in text.splitlines()]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    found = []
+    for line in joined.splitlines():
+        match = re.search(r"\bpython\s+\S*jobs/(train|tune)\.py\s+(.*)$", line)
+        if match:
+            found.append([f"{match.group(1)}.py", *shlex.split(match.group(2))])
+    return found
+
+
+def _documented_jobs() -> list[list[str]]:
+    with open(CLUSTER_YAML) as f:
+        jobs = _commands(f.read())
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    section = readme[readme.index("## Run on a cluster") :]
+    block = section[section.index("```bash") : section.index("```\n", section.index("```bash") + 7)]
+    return jobs + _commands(block)
+
+
+def test_the_documented_jobs_ask_for_gpu_workers_the_gpu_nodes_can_hold():
+    from ray_ddp.autoscaling import types_from_launcher_config
+    from ray_ddp.cli import train_parser, tune_parser
+    from ray_ddp.cluster import worker_bundle
+    from ray_ddp.config import SweepConfig, TrainConfig, validate, validate_sweep
+    from ray_ddp.flags import from_args
+    from ray_ddp.placement import unplaceable
+
+    cfg = prepared()
+    for node in cfg["available_node_types"].values():
+        node["resources"] = {**EC2_SHAPES[node["node_config"]["InstanceType"]], **node["resources"]}
+    types, max_nodes = types_from_launcher_config(cfg)
+    head = cfg["available_node_types"][cfg["head_node_type"]]["resources"]
+
+    jobs = _documented_jobs()
+    assert [job[0] for job in jobs] == ["train.py", "train.py", "tune.py"]
+    for script, *argv in jobs:
+        args = (train_parser() if script == "train.py" else tune_parser()).parse_args(argv)
+        train = from_args(TrainConfig, args)
+        validate(train)
+        if script == "tune.py":
+            validate_sweep(from_args(SweepConfig, args), train)
+        # GPU workers, counted, and waited for: the GPU nodes start only when asked for.
+        assert train.use_gpu and train.num_workers and train.wait_for_resources >= 300, argv
+        problem = unplaceable(worker_bundle(train), train.num_workers, [head], types, max_nodes)
+        assert problem is None, problem
+    # And what the comments say is refused is.
+    for too_much in ({"cpus_per_worker": 64.0}, {"num_workers": 17}):
+        train = TrainConfig(
+            **{"use_gpu": True, "num_workers": 4, "cpus_per_worker": 8.0, **too_much}
+        )
+        assert unplaceable(worker_bundle(train), train.num_workers, [head], types, max_nodes)
