@@ -92,17 +92,26 @@ def autoscaler_node_types() -> tuple[list[Nodes] | None, int | None]:
 
 def monitor_config_path(gcs_address: str) -> str | None:
     """The ``--autoscaling-config`` file of the monitor of the cluster at ``gcs_address``,
-    if that monitor runs on this machine."""
-    import psutil  # Ray ships it (ray/thirdparty_files)
+    if that monitor runs on this machine. Matched by the GCS port only: the driver may
+    know the head by another name (127.0.0.1, its IP) than the monitor does, and two
+    clusters on one machine cannot share a port."""
+    import importlib
 
-    flag = f"--gcs-address={gcs_address}"
+    import ray  # noqa: F401 - puts the psutil it ships (ray/thirdparty_files) on the path
+
+    psutil = importlib.import_module("psutil")
+
+    port = gcs_address.rsplit(":", 1)[-1]
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
-        if flag not in cmdline or not any("monitor" in part for part in cmdline[:4]):
-            continue
-        for part in cmdline:
-            if part.startswith("--autoscaling-config="):
-                return os.path.expanduser(part.split("=", 1)[1])
+        if not any(os.path.basename(part) == "monitor.py" for part in cmdline[:4]):
+            continue  # the autoscaler's monitor (v1 or v2), not the log monitor
+        flags = dict(
+            part.split("=", 1) for part in cmdline if part.startswith("--") and "=" in part
+        )
+        config = flags.get("--autoscaling-config")
+        if config and flags.get("--gcs-address", "").rsplit(":", 1)[-1] == port:
+            return os.path.expanduser(config)
     return None
 
 

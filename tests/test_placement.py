@@ -5,10 +5,14 @@ cluster's figures: no Ray."""
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
+import time
 
 import pytest
 
-from ray_ddp.autoscaling import UNLIMITED, types_from_launcher_config
+from ray_ddp.autoscaling import UNLIMITED, monitor_config_path, types_from_launcher_config
 from ray_ddp.cluster import ClusterView, choose_workers, wait_for_nodes
 from ray_ddp.config import ConfigError, TrainConfig, parse_resources, validate
 from ray_ddp.placement import (
@@ -119,6 +123,36 @@ def test_node_types_come_from_the_launcher_config_the_head_runs():
     assert types_from_launcher_config({"provider": {}}) == (None, None)
     del config["max_workers"], config["available_node_types"]["gpu_worker"]
     assert types_from_launcher_config(config) == ([Nodes({"CPU": 2.0}, UNLIMITED)], None)
+
+
+def test_the_autoscaling_config_is_found_from_the_monitors_command_line(tmp_path):
+    """Real processes named like Ray's: the autoscaler's monitor is told apart from the log
+    monitor, and matched by the GCS port whatever name the driver knows the head by."""
+    for name in ("log_monitor.py", "monitor.py"):
+        (tmp_path / name).write_text("import time\ntime.sleep(60)\n")
+    port = 40000 + os.getpid() % 20000  # no real Ray here listens there
+    config = str(tmp_path / "bootstrap.yaml")
+    common = [f"--gcs-address=10.1.2.3:{port}", "--logs-dir=/tmp"]
+    processes = [
+        subprocess.Popen([sys.executable, "-u", str(tmp_path / "log_monitor.py"), *common]),
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-u",
+                str(tmp_path / "monitor.py"),
+                *common,
+                f"--autoscaling-config={config}",
+            ]
+        ),  # fmt: skip
+    ]
+    try:
+        time.sleep(0.3)  # their command lines are readable once they run
+        assert monitor_config_path(f"127.0.0.1:{port}") == config
+        assert monitor_config_path(f"10.1.2.3:{port + 1}") is None
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
 
 
 def test_resources_per_worker_is_a_json_object_of_positive_amounts():
