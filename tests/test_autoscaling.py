@@ -212,7 +212,7 @@ def test_the_autoscaler_starts_the_workers_nodes_and_they_train(cluster, storage
 
     from ray_ddp import cluster as driver
 
-    monkeypatch.setattr(driver, "PROGRESS_EVERY_S", 1.0)  # lines within the few seconds
+    monkeypatch.setattr(driver, "PROGRESS_EVERY_S", 0.5)  # lines within the few seconds
     out = Stamped(sys.stdout)
     monkeypatch.setattr(sys, "stdout", out)
     argv = [
