@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import inspect
 import os
 import re
@@ -318,6 +319,7 @@ TRAIN_FLAGS = {
     "--log-all-ranks", "--no-export", "--comm-stats",
     "--augment",  # added since: issue 12's augmentation policies
     "--task",  # issue 13: your own model, data and loss
+    "--resources-per-worker",  # issue 14: custom resources (autoscaled node types)
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
@@ -363,13 +365,19 @@ def _set_every_field(cls: type, only_swept: bool = False) -> tuple[list[str], di
             value = next(c for c in reversed(facts.choices) if c != default)
         elif hints[f.name] == list[int]:
             value = [5, 7]
+        elif "dict" in str(hints[f.name]):
+            value = {"trainer_slot": 1.0}
         elif "str" in str(hints[f.name]):
             value = f"some-{f.name}"
         else:  # a number
             value = (default or 0) + 3
         argv += [
             _dashed(f.name),
-            ",".join(map(str, value)) if isinstance(value, list) else str(value),
+            ",".join(map(str, value))
+            if isinstance(value, list)
+            else json.dumps(value)
+            if isinstance(value, dict)
+            else str(value),
         ]
         values[f.name] = value
     return argv, values

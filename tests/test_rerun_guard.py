@@ -42,6 +42,8 @@ HAND_WRITTEN = {
     "comm_stats", "allow_config_change", "log_prefix", "inject_nan_step", "inject_nan_rank",
     # Added since: how long to wait for an autoscaling cluster changes nothing trained.
     "wait_for_resources",
+    # Which nodes' resources the workers ask for (where they run), not what is trained.
+    "resources_per_worker",
 }  # fmt: skip
 
 
