@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import inspect
+import json
 import os
 import re
 import shutil
