@@ -12,7 +12,12 @@ import time
 
 import pytest
 
-from ray_ddp.autoscaling import UNLIMITED, monitor_config_path, types_from_launcher_config
+from ray_ddp.autoscaling import (
+    UNLIMITED,
+    monitor_config_path,
+    types_from_cluster_config,
+    types_from_launcher_config,
+)
 from ray_ddp.cluster import ClusterView, choose_workers, wait_for_nodes
 from ray_ddp.config import ConfigError, TrainConfig, parse_resources, validate
 from ray_ddp.placement import (
@@ -123,6 +128,23 @@ def test_node_types_come_from_the_launcher_config_the_head_runs():
     assert types_from_launcher_config({"provider": {}}) == (None, None)
     del config["max_workers"], config["available_node_types"]["gpu_worker"]
     assert types_from_launcher_config(config) == ([Nodes({"CPU": 2.0}, UNLIMITED)], None)
+
+
+def test_node_types_come_from_a_cluster_config_published_in_the_gcs():
+    from ray.core.generated import autoscaler_pb2
+
+    config = autoscaler_pb2.ClusterConfig()
+    for name, resources, max_count in [
+        ("head", {"CPU": 8}, 0),
+        ("gpu", {"CPU": 48, "GPU": 4}, 4),
+        ("any", {"CPU": 2}, -1),
+    ]:
+        group = config.node_group_configs.add(name=name, max_count=max_count)
+        group.resources.update(resources)
+    assert types_from_cluster_config(config) == (
+        [Nodes({"CPU": 48.0, "GPU": 4.0}, 4), Nodes({"CPU": 2.0}, UNLIMITED)],
+        None,
+    )
 
 
 def test_the_autoscaling_config_is_found_from_the_monitors_command_line(tmp_path):
