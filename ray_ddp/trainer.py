@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any
 
-from ray_ddp.cluster import prepare_cluster_run
+from ray_ddp.cluster import prepare_cluster_run, worker_resources
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.preflight import PreparedTask
 from ray_ddp.rerun_guard import check_rerun, write_record
@@ -182,7 +182,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             num_workers=cfg.num_workers,
             use_gpu=cfg.use_gpu,
-            resources_per_worker={"CPU": cfg.cpus_per_worker},
+            resources_per_worker=worker_resources(cfg),
             placement_strategy=cfg.placement_strategy,
         ),
         run_config=RunConfig(
