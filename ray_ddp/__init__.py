@@ -14,6 +14,8 @@ Modules, one job each (the driver's side first, then the workers', then the part
     preflight      what can be refused without Ray (config, task, data, checkpoint)
     model_probe    does a built-in classifier run on the data's images (meta device)
     cluster        connect, size the request against the cluster, shared storage
+    placement      workers counted whole onto nodes (and node types): what fits where
+    autoscaling    the autoscaler's node types, and asking it for the workers' nodes
     trainer        fit(): the TorchTrainer for a run, its fit and its summary
     tune           Ray Tune sweeps; sweep_results: their table, CSV and plot
     evaluate_job   jobs/evaluate.py: a checkpoint evaluated by N workers
