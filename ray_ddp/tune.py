@@ -36,6 +36,15 @@ def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, 
     fit = math.floor((cpus + 1e-9) / trial_cpus)
     if trial_gpus:
         fit = min(fit, math.floor(gpus / trial_gpus))
+    # A custom resource the workers ask for (--resources-per-worker) bounds it the same way.
+    for name, amount in (cfg.resources_per_worker or {}).items():
+        have, need = resources.get(name, 0.0), cfg.num_workers * amount
+        if need > have + 1e-9:
+            raise ConfigError(
+                f"one trial needs {need:g} {name} ({cfg.num_workers} workers x {amount:g}); "
+                f"the cluster has {have:g}: lower --num-workers"
+            )
+        fit = min(fit, math.floor((have + 1e-9) / need))
     return max(1, min(fit, sweep.max_concurrent_trials or fit, sweep.num_samples))
 
 

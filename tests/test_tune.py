@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import signal
 import subprocess
@@ -36,6 +37,11 @@ def test_concurrency_is_derived_from_the_cluster():
     assert plan_concurrency(cfg, SweepConfig(max_concurrent_trials=2), {"CPU": 16}) == 2
     gpu = TrainConfig(num_workers=4, cpus_per_worker=1.0, use_gpu=True)
     assert plan_concurrency(gpu, sweep, {"CPU": 64, "GPU": 8}) == 2
+    # A custom resource per worker counts like the GPUs: 5 slots hold 2 trials of 2 workers.
+    slots = dataclasses.replace(cfg, resources_per_worker={"trainer_slot": 1.0})
+    assert plan_concurrency(slots, sweep, {"CPU": 16, "trainer_slot": 5}) == 2
+    with pytest.raises(ConfigError, match="needs 2 trainer_slot .* the cluster has 1"):
+        plan_concurrency(slots, sweep, {"CPU": 16, "trainer_slot": 1})
     with pytest.raises(ConfigError, match="one trial needs 2.1 CPUs .* the cluster has 2 CPUs"):
         plan_concurrency(cfg, sweep, {"CPU": 2})
 
