@@ -10,7 +10,6 @@ a storage URI.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from typing import Any
 
@@ -64,7 +63,8 @@ def run_evaluation(
 
     from ray_ddp.checkpoint import CheckpointError, load_state, saved_config, saved_task_meta
     from ray_ddp.cluster import prepare_cluster_run
-    from ray_ddp.trainer import build_trainer
+    from ray_ddp.storage import join
+    from ray_ddp.trainer import alive_nodes, build_trainer, shared_checkpoint
 
     if split not in SPLITS:
         raise ConfigError(f"unknown --split {split!r}; choose val or train")
@@ -88,8 +88,9 @@ def run_evaluation(
         )
     if split == "train":
         cfg = dataclasses.replace(cfg, augment="none")  # evaluated as it is, not augmented
-    if "://" not in checkpoint:
-        checkpoint = os.path.abspath(checkpoint)
+    # Read by every worker: on several nodes a local checkpoint is copied to the storage.
+    run_dir = join(cfg.storage_path, cfg.name or "")
+    checkpoint = shared_checkpoint(checkpoint, run_dir, alive_nodes(), "checkpoint", "checkpoint")
     trainer = build_trainer(
         cfg,
         prepared,

@@ -133,20 +133,28 @@ def alive_nodes() -> int:
 
 
 def shared_resume_from(cfg: TrainConfig, run_dir: str, nodes: int) -> TrainConfig:
-    """``--resume-from`` as every worker can read it. A URI already is. A local path is
-    made absolute (workers run in directories of their own), and on a cluster of more than
-    one node it is copied into ``<run_dir>/resume_from/<checkpoint>``: a worker on another
-    node than the driver's may not have the path, while every node sees the run's storage
-    (``cluster.check_shared_storage``). Each file of the copy is written whole."""
-    if not cfg.resume_from or is_uri(cfg.resume_from):
+    """``--resume-from`` as every worker can read it (:func:`shared_checkpoint`)."""
+    if not cfg.resume_from:
         return cfg
-    source = os.path.abspath(os.path.expanduser(cfg.resume_from))
+    shared = shared_checkpoint(cfg.resume_from, run_dir, nodes, "resume_from", "--resume-from")
+    return dataclasses.replace(cfg, resume_from=shared)
+
+
+def shared_checkpoint(path: str, run_dir: str, nodes: int, folder: str, flag: str) -> str:
+    """A checkpoint at ``path`` as every worker can read it. A URI already is. A local path
+    is made absolute (workers run in directories of their own), and on a cluster of more
+    than one node it is copied into ``<run_dir>/<folder>/<checkpoint>``: a worker on
+    another node than the driver's may not have the path, while every node sees the run's
+    storage (``cluster.check_shared_storage``). Each file of the copy is written whole."""
+    if is_uri(path):
+        return path
+    source = os.path.abspath(os.path.expanduser(path))
     if nodes <= 1:
-        return dataclasses.replace(cfg, resume_from=source)
-    target = join(run_dir, "resume_from", os.path.basename(source.rstrip(os.sep)))
+        return source
+    target = join(run_dir, folder, os.path.basename(source.rstrip(os.sep)))
     upload_dir(source, target)
-    print(f"--resume-from {source} copied to {target}, where every node sees it", flush=True)
-    return dataclasses.replace(cfg, resume_from=target)
+    print(f"{flag} {source} copied to {target}, where every node sees it", flush=True)
+    return target
 
 
 def build_trainer(

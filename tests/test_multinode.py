@@ -4,13 +4,14 @@ cluster's totals hold but its nodes do not refused at once."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 
 import pytest
 
-from ray_ddp.cli import train_main
+from ray_ddp.cli import evaluate_main, train_main
 from ray_ddp.config import TrainConfig
 from ray_ddp.trainer import run_training
 
@@ -47,7 +48,7 @@ def test_what_the_totals_hold_but_no_node_arrangement_does_is_refused(cluster, s
     )
 
 
-def test_workers_spread_over_nodes(cluster, storage):
+def test_workers_spread_over_nodes_and_their_checkpoint_evaluates(cluster, storage, capsys):
     started = time.perf_counter()
     summary = run_training(
         TrainConfig(
@@ -63,6 +64,19 @@ def test_workers_spread_over_nodes(cluster, storage):
     print(f"2-node run: {time.perf_counter() - started:.0f} s")
     assert len({r["node_id"] for r in summary["ranks"]}) == 2
     assert summary["epochs_completed"] == 2 and summary["final"]["evaluated_samples"] == 101
+
+    # jobs/evaluate.py on that local checkpoint: on several nodes it is first copied to the
+    # storage every node sees (a worker elsewhere may not have the driver's path).
+    results = os.path.join(storage, "eval.json")
+    argv = [summary["latest_checkpoint"], "--num-workers", "2", "--storage-path", storage,
+            "--summary-json", results]  # fmt: skip
+    assert evaluate_main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint {summary['latest_checkpoint']} copied to {storage}/eval-" in out
+    with open(results) as f:
+        evaluated = json.load(f)
+    assert evaluated["checkpoint"].startswith(f"{storage}/eval-")
+    assert evaluated["metrics"]["acc"] == summary["final"]["val_acc"]
 
 
 def _checkpoints(run_dir: str) -> list[str]:
