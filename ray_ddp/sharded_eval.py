@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,7 +19,7 @@ from torch.utils.data import Sampler
 
 from ray_ddp.collectives import all_gather, is_distributed
 from ray_ddp.precision import autocast
-from ray_ddp.task import Task
+from ray_ddp.task import Task, map_tensors
 
 
 class ShardSampler(Sampler[int]):
@@ -88,7 +87,8 @@ def evaluate(
     columns: list[str] = []
     samples = 0
     for batch in loader:
-        batch = to_device(batch, device)
+        # A loader prepared by Ray has moved the batch already: then this is a no-op.
+        batch = map_tensors(batch, lambda t: t.to(device, non_blocking=True))
         samples += task.batch_size(batch)
         with autocast(amp, device):
             sums = measure(model, batch)
@@ -129,17 +129,3 @@ def _as_float64(value: torch.Tensor | float, device: torch.device) -> torch.Tens
     if isinstance(value, torch.Tensor):
         return value.detach().to(device=device, dtype=torch.float64).reshape(())
     return torch.tensor(float(value), dtype=torch.float64, device=device)
-
-
-def to_device(batch: Any, device: torch.device) -> Any:
-    """Tensors of a batch (nested in tuples, lists and dicts) on ``device``; a loader
-    prepared by Ray has moved them already, which makes this a no-op."""
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, dict):
-        return {k: to_device(v, device) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(to_device(v, device) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_device(v, device) for v in batch)
-    return batch

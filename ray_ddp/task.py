@@ -61,7 +61,7 @@ data); its module must be importable on every node (see the README, "Your own mo
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
@@ -192,6 +192,20 @@ class Task(abc.ABC):
         from ray_ddp.task_check import dry_run
 
         return dry_run(self, cfg, facts)
+
+
+def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+    """``batch`` with ``fn`` applied to every tensor in it (nested in tuples, namedtuples,
+    lists and dicts); anything else is kept as it is."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, dict):
+        return {k: map_tensors(v, fn) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(map_tensors(v, fn) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(map_tensors(v, fn) for v in batch)
+    return batch
 
 
 def _first_tensor(batch: Batch) -> torch.Tensor | None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.task import Task
+from ray_ddp.task import Task, map_tensors
 
 T = TypeVar("T")
 
@@ -199,19 +199,7 @@ def _two_samples(task: Task, dataset: Any, split: str) -> Any:
             f"task {type(task).__name__}: collate() fails on two {split} samples "
             f"({type(exc).__name__}: {_first_line(exc)})"
         ) from None
-    return to_meta(batch)
-
-
-def to_meta(batch: Any) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to("meta")
-    if isinstance(batch, dict):
-        return {k: to_meta(v) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(to_meta(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(to_meta(v) for v in batch)
-    return batch
+    return map_tensors(batch, lambda t: t.to("meta"))
 
 
 def _on_meta(task_name: str, method: str, call: Any) -> Any:

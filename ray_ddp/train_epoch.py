@@ -26,7 +26,7 @@ from ray_ddp.loss_guard import LossGuard
 from ray_ddp.optim import optimizer_step
 from ray_ddp.precision import autocast
 from ray_ddp.step_timing import StepTimer
-from ray_ddp.task import Task
+from ray_ddp.task import Task, map_tensors
 from ray_ddp.train_state import EpochSums, TrainState
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def train_epoch(
         )
         with sync_context:
             if tools.channels_last:
-                batch = _channels_last(batch)
+                batch = map_tensors(batch, _channels_last)
             with autocast(cfg.amp, device):
                 loss = task.loss(model, batch).float()
             loss = _inject_fault(cfg, loss, progress.step + 1, guard.rank)
@@ -166,17 +166,12 @@ def train_epoch(
     return EpochSegment(end, EpochSums(loss_sum.item(), seen), trained, skipped, checkpoint_due)
 
 
-def _channels_last(batch: object) -> object:
-    """The batch's image tensors (4-d floating point) in NHWC memory, like the weights."""
-    if isinstance(batch, torch.Tensor):
-        if batch.dim() == 4 and batch.is_floating_point():
-            return batch.contiguous(memory_format=torch.channels_last)
-        return batch
-    if isinstance(batch, dict):
-        return {k: _channels_last(v) for k, v in batch.items()}
-    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
-        return type(batch)(_channels_last(v) for v in batch)
-    return batch
+def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    """An image tensor (4-d floating point) in NHWC memory, like the weights; others as
+    they are."""
+    if tensor.dim() == 4 and tensor.is_floating_point():
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
 
 
 def max_steps_reached(cfg: TrainConfig, step: int) -> bool:
