@@ -15,12 +15,14 @@ def test_rank_0_fetches_first_then_one_worker_per_other_node():
 
 @pytest.mark.ray
 def test_a_tasks_download_runs_once_and_every_worker_reads_after_it(ray_session, tmp_path):
+    import broken_tasks
     import fetch_task
     from ray import cloudpickle
 
     import ray_ddp
 
-    cloudpickle.register_pickle_by_value(fetch_task)
+    for module in (fetch_task, broken_tasks):
+        cloudpickle.register_pickle_by_value(module)
     try:
         ray_ddp.fit(
             fetch_task.FetchOnce(), num_workers=2, epochs=1, batch_size=8, download=True,
@@ -28,7 +30,8 @@ def test_a_tasks_download_runs_once_and_every_worker_reads_after_it(ray_session,
             export=False, tensorboard=False,
         )  # fmt: skip
     finally:
-        cloudpickle.unregister_pickle_by_value(fetch_task)
+        for module in (fetch_task, broken_tasks):
+            cloudpickle.unregister_pickle_by_value(module)
     events = [line.split() for line in (tmp_path / "fetch.log").read_text().splitlines()]
     fetches = [(rank, what) for rank, what, _ in events if what.startswith("fetch")]
     assert fetches == [("0", "fetch-start"), ("0", "fetch-end")]
