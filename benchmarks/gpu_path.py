@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from ray_ddp.comm_stats import attach_counter  # noqa: E402
 from ray_ddp.config import TrainConfig  # noqa: E402
+from ray_ddp.global_order import GlobalOrderBatches  # noqa: E402
 from ray_ddp.image_classification import ImageClassification  # noqa: E402
 from ray_ddp.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.models import build_model  # noqa: E402
@@ -42,7 +43,7 @@ from ray_ddp.optim import build_optimizer, build_scheduler  # noqa: E402
 from ray_ddp.precision import grad_scaler  # noqa: E402
 from ray_ddp.step_timing import StepTimer  # noqa: E402
 from ray_ddp.synthetic_data import make_synthetic  # noqa: E402
-from ray_ddp.train_epoch import EpochPosition, EpochTools, train_epoch  # noqa: E402
+from ray_ddp.train_epoch import EpochTools, train_epoch  # noqa: E402
 from ray_ddp.train_state import EpochSums, TrainState  # noqa: E402
 
 
@@ -91,19 +92,19 @@ def run(
         model, device_ids=[device.index] if device.index is not None else None
     )
     counter = attach_counter(model)
-    loader = OnDevice(
-        DataLoader(
-            train,
-            batch_size=cfg.batch_size,
-            shuffle=True,
-            drop_last=True,
-            pin_memory=device.type == "cuda",
-            generator=torch.Generator().manual_seed(0),
-        ),
-        device,
+    order = GlobalOrderBatches(
+        len(train),
+        batch_size=cfg.batch_size,
+        global_batch=cfg.global_batch_size,
+        seed=0,
+        rank=0,
+        world_size=1,
+        tag_epoch=False,
     )
-    batches = len(loader)
-    steps = -(-batches // accum)
+    loader = OnDevice(
+        DataLoader(train, batch_sampler=order, pin_memory=device.type == "cuda"), device
+    )
+    steps = order.plan.steps
     optimizer = build_optimizer(cfg, model.parameters())
     scheduler = build_scheduler(cfg, optimizer, steps)
     state = TrainState(model, optimizer, scheduler, scaler or grad_scaler(amp, device))
@@ -117,7 +118,7 @@ def run(
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    result = train_epoch(cfg, state, loader, EpochPosition(0, 0, batches), EpochSums(), tools)
+    result = train_epoch(cfg, state, loader, order, EpochSums(), tools)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started

@@ -2,20 +2,20 @@
 
 A checkpoint is a directory with one file, ``state.pt``: the unwrapped model's
 ``state_dict`` (no ``module.`` prefixes, loads into a plain model), the optimizer,
-GradScaler and LR-scheduler states, training progress, every rank's RNG states, the
-config that produced it, and the task that builds the model with the facts it was built
-from (``task_meta``). It is always read with ``torch.load(weights_only=True)``: only
-tensors and plain Python values, never arbitrary pickled code.
+GradScaler and LR-scheduler states, training progress (the data position in samples of
+the epoch's order, which any world size resumes from), the world size it was saved at,
+every rank's sums of a partial epoch, the config that produced it, and the task that
+builds the model with the facts it was built from (``task_meta``). It is always read
+with ``torch.load(weights_only=True)``: only tensors and plain Python values, never
+arbitrary pickled code.
 """
 
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 import torch
 
 from ray_ddp.storage import atomic_path
@@ -29,43 +29,6 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used, with the reason."""
 
 
-# ------------------------------------------------------------------ RNG states
-def capture_rng() -> dict[str, Any]:
-    """This process's RNG states as tensors and plain values (``weights_only``-safe)."""
-    np_state = np.random.get_state()
-    state: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "python": random.getstate(),
-        "numpy": {
-            "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-            "pos": int(np_state[2]),
-            "has_gauss": int(np_state[3]),
-            "cached_gaussian": float(np_state[4]),
-        },
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng(state: dict[str, Any]) -> None:
-    torch.set_rng_state(state["torch"])
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    np_state = state["numpy"]
-    np.random.set_state(
-        (
-            "MT19937",
-            np_state["keys"].numpy().astype(np.uint32),
-            np_state["pos"],
-            np_state["has_gauss"],
-            np_state["cached_gaussian"],
-        )
-    )
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-
-
 # ------------------------------------------------------------------ save / load
 def save_state(
     directory: str,
@@ -73,13 +36,15 @@ def save_state(
     *,
     config: dict[str, Any],
     task_meta: dict[str, Any],
-    rng_per_rank: list[dict[str, Any]],
+    world_size: int,
     epoch_partial: list[EpochSums] | None = None,
 ) -> str:
     """Write ``directory/state.pt`` completely or not at all (temp file, then rename).
 
     ``epoch_partial`` is every rank's sums of the epoch so far, for a mid-epoch
-    checkpoint, so the resumed epoch reports the same training loss."""
+    checkpoint, so the resumed epoch reports the same training loss (at any world size:
+    only their totals matter)."""
+    partial = epoch_partial or []
     os.makedirs(directory, exist_ok=True)
     saved = {
         "format_version": FORMAT_VERSION,
@@ -90,9 +55,12 @@ def save_state(
         "progress": asdict(state.progress),
         "config": config,
         "task_meta": task_meta,
-        "rng": rng_per_rank,
-        "epoch_partial": [[s.loss_sum, s.samples] for s in epoch_partial or []],
+        "world_size": world_size,
+        "epoch_partial": [[s.loss_sum, s.samples] for s in partial],
     }
+    ledgers = [s.ledger for s in partial if s.ledger is not None]
+    if ledgers:  # --sample-ledger, a testing aid
+        saved["ledger"] = [list(row) for ledger in ledgers for row in ledger]
     path = os.path.join(directory, STATE_FILE)
     with atomic_path(path) as tmp:
         torch.save(saved, tmp)

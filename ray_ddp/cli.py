@@ -79,8 +79,17 @@ def train_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def train_config(args: argparse.Namespace) -> TrainConfig:
+    """The TrainConfig of parsed flags; ``--num-workers MIN-MAX`` sets ``min_workers`` and
+    ``num_workers`` (the MAX)."""
+    if isinstance(args.num_workers, tuple):
+        args = argparse.Namespace(**vars(args))
+        args.min_workers, args.num_workers = args.num_workers
+    return from_args(TrainConfig, args)
+
+
 def _train(argv: Sequence[str] | None) -> None:
-    cfg = from_args(TrainConfig, train_parser().parse_args(argv))
+    cfg = train_config(train_parser().parse_args(argv))
     if sys.stdout.isatty():
         cfg = dataclasses.replace(cfg, progress_interval_s=5.0)
     validate(cfg)  # bad flags are refused before torch and Ray are imported
@@ -123,8 +132,13 @@ def _tune(argv: Sequence[str] | None) -> None:
     args = tune_parser().parse_args(argv)
     sweep = from_args(SweepConfig, args)
     # Trials interleave their output: per-epoch lines only, no in-epoch progress bars.
-    cfg = dataclasses.replace(from_args(TrainConfig, args), progress_interval_s=0)
+    cfg = dataclasses.replace(train_config(args), progress_interval_s=0)
     validate(cfg)
+    if cfg.elastic:
+        raise ConfigError(
+            "--num-workers MIN-MAX (elastic) is for jobs/train.py; a sweep's trials take a "
+            "fixed --num-workers"
+        )
     validate_sweep(sweep, cfg)
 
     from ray_ddp.sweep_results import results_table
@@ -170,6 +184,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
 def _evaluate(argv: Sequence[str] | None) -> None:
     args = evaluate_parser().parse_args(argv)
     overrides = {name: getattr(args, name) for name in EVAL_OVERRIDES}
+    if isinstance(overrides["num_workers"], tuple):
+        raise ConfigError("jobs/evaluate.py takes a number of workers, not a MIN-MAX range")
     given = {name: value for name, value in overrides.items() if value is not None}
     problem = first_problem(TrainConfig(**given), names=given)
     if problem:  # refused before the checkpoint is loaded

@@ -130,8 +130,11 @@ def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
     wait (a bounded time) for the nodes of what can."""
     view = read_cluster()
     cfg = choose_workers(cfg, view)
-    wait_for_nodes(cfg, view)
-    wait_until_free(cfg)
+    # An elastic run needs its MIN workers to start; Ray Train starts it on as many as
+    # fit, up to MAX, and asks an autoscaler for the rest.
+    needed = dataclasses.replace(cfg, num_workers=cfg.worker_range[0])
+    wait_for_nodes(needed, view)
+    wait_until_free(needed)
     return cfg
 
 

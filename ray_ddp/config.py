@@ -15,6 +15,7 @@ This module imports neither Ray nor torch, so it is cheap to test and to import.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,6 +70,20 @@ def parse_resources(text: str) -> dict[str, float]:
     return {name: float(amount) for name, amount in value.items()}
 
 
+def parse_workers(text: str) -> int | tuple[int, int]:
+    """The ``--num-workers`` flag: ``N``, or ``MIN-MAX`` for an elastic run."""
+    import argparse
+
+    low, dash, high = text.partition("-")
+    try:
+        values = (int(low), int(high)) if dash else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of workers or a MIN-MAX range like 2-4, got {text!r}"
+        ) from None
+    return values
+
+
 def global_batch(per_worker: int, workers: int, accum: int) -> int:
     """Samples per optimizer step across the run: every worker's micro-batch, times the
     micro-batches each optimizer step accumulates."""
@@ -80,9 +95,26 @@ class TrainConfig:
     """Everything one training run needs. ``None`` means "decide automatically"."""
 
     # --- scaling (who runs) ---
-    num_workers: int | None = option(None, bound=POSITIVE)
+    num_workers: int | None = option(
+        None, bound=POSITIVE, resume_safe=True, parse=parse_workers, metavar="N|MIN-MAX"
+    )
     """Ray training workers (= DDP processes). Auto: one per GPU up in the cluster, else 2
-    CPU workers. GPU workers on a cluster whose GPU nodes are not up yet: give it."""
+    CPU workers. GPU workers on a cluster whose GPU nodes are not up yet: give it.
+    ``MIN-MAX`` (e.g. ``4-8``): elastic, the run starts on as many as fit, continues on
+    fewer when workers are lost (down to MIN) and grows back when room appears, keeping
+    its global batch by changing the accumulation; every MIN..MAX count must divide it.
+    A re-run on another count continues the same run (same global batch, same data
+    order)."""
+    min_workers: int | None = option(None, bound=POSITIVE, resume_safe=True, cli=False)
+    """The fewest workers an elastic run continues on (``--num-workers MIN-MAX`` sets it
+    and ``num_workers`` to MAX); None: a fixed number of workers."""
+    resize_check_s: float = option(
+        60.0, bound=POSITIVE, resume_safe=True, metavar="SECONDS", sweep=False
+    )
+    """Elastic runs (``--num-workers MIN-MAX``): how often Ray looks for room for more
+    workers while the group is healthy. Growing restarts the group from the latest
+    checkpoint, so the steps since it are trained again: pair it with
+    ``--checkpoint-every``."""
     cpus_per_worker: float = option(1.0, bound=POSITIVE, resume_safe=True)
     """CPUs reserved per worker (fractions allowed, e.g. to fit a Tune trial's driver
     beside its workers); the worker's torch thread count is its whole part, at least 1."""
@@ -123,9 +155,10 @@ class TrainConfig:
     """Total epochs of the run; a resumed run continues up to this number."""
     batch_size: int = option(64, bound=POSITIVE)
     """Per-worker micro-batch size (samples per forward pass on one worker)."""
-    accum_steps: int = option(1, bound=POSITIVE)
+    accum_steps: int = option(1, bound=POSITIVE, resume_safe=True)
     """Micro-batches accumulated per optimizer step. Global batch =
-    batch_size x num_workers x accum_steps."""
+    batch_size x num_workers x accum_steps (with MIN-MAX workers: at MAX; fewer workers
+    accumulate more to keep it)."""
     lr: float = option(3e-3, bound=POSITIVE, sweep=False)
     """Peak learning rate (reached after warm-up, then cosine decay to ``min_lr_ratio``)."""
     optimizer: str = option("adamw", choices=OPTIMIZERS)
@@ -255,6 +288,18 @@ class TrainConfig:
     """Testing aid: turn rank ``inject_nan_rank``'s loss at this optimizer step into NaN."""
     inject_nan_rank: int = option(0, resume_safe=True, cli=False)
     """Testing aid: the rank whose loss ``inject_nan_step`` turns into NaN."""
+    stall_step: int | None = option(None, resume_safe=True, cli=False)
+    """Testing aid: rank ``stall_rank`` stops at this optimizer step, once per run: it
+    writes ``<run>/stalled-rank-<rank>`` and sleeps ``stall_s`` seconds (a node about to be
+    lost, a hang)."""
+    stall_rank: int = option(0, resume_safe=True, cli=False)
+    """Testing aid: the rank ``stall_step`` stops."""
+    stall_s: float = option(3600.0, resume_safe=True, cli=False)
+    """Testing aid: how long ``stall_step`` sleeps."""
+    sample_ledger: bool = option(False, resume_safe=True, cli=False)
+    """Testing aid: rank 0 writes every epoch's trained samples, step by step and from
+    every rank, to ``<run>/ledger/epoch-<N>.csv`` (the epoch's part before a mid-epoch
+    checkpoint travels in the checkpoint)."""
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict[str, Any]:
@@ -274,6 +319,17 @@ class TrainConfig:
         if self.num_workers is None:
             raise ValueError("num_workers is not resolved yet")
         return global_batch(self.batch_size, self.num_workers, self.accum_steps)
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """The fewest and the most workers (equal unless elastic; needs num_workers)."""
+        if self.num_workers is None:
+            raise ValueError("num_workers is not resolved yet")
+        return (self.min_workers or self.num_workers, self.num_workers)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers != self.num_workers
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -297,6 +353,8 @@ def validate(cfg: TrainConfig) -> None:
                 f"{flag} configures the built-in image classification; --task {cfg.task} "
                 "builds its own data and model (give it settings in the task itself)"
             )
+    if cfg.min_workers is not None:
+        check_worker_range(cfg)
     if cfg.resources_per_worker is not None:
         problem = resources_problem(cfg.resources_per_worker)
         if problem:
@@ -316,6 +374,28 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--name must be a plain directory name, got {cfg.name!r}")
     if not cfg.storage_path:
         raise ConfigError("--storage-path must not be empty")
+
+
+def check_worker_range(cfg: TrainConfig) -> None:
+    """An elastic range is refused unless every worker count in it keeps the global batch
+    (a whole number of micro-batches of --batch-size on every worker)."""
+    low, high = cfg.min_workers, cfg.num_workers
+    if high is None:
+        raise ConfigError("an elastic run needs its MAX workers: --num-workers MIN-MAX")
+    if low is None or not 0 < low <= high:
+        raise ConfigError(f"--num-workers {low}-{high}: need 1 <= MIN <= MAX")
+    batch = cfg.batch_size * cfg.accum_steps * high
+    bad = [n for n in range(low, high + 1) if batch % (cfg.batch_size * n)]
+    if bad:
+        need = math.lcm(*range(low, high + 1))
+        accum = need // math.gcd(need, high)
+        raise ConfigError(
+            f"--num-workers {low}-{high} cannot keep the global batch of {batch} "
+            f"({cfg.batch_size} x {high} workers x {cfg.accum_steps}) on {bad[0]} workers: "
+            f"it is not a whole number of micro-batches of {cfg.batch_size} per worker. Use "
+            f"--accum-steps {accum} (a multiple of it keeps every count from {low} to "
+            f"{high}), or a range whose counts divide {high * cfg.accum_steps}"
+        )
 
 
 @dataclass

@@ -78,6 +78,7 @@ def run_evaluation(
     cfg = dataclasses.replace(
         saved_config(state),
         resume_from=None,
+        min_workers=None,  # an evaluation runs on a fixed number of workers
         name=f"eval-{time.strftime('%Y%m%d-%H%M%S')}",
         **{k: v for k, v in overrides.items() if v is not None},
     )

@@ -1,10 +1,11 @@
-"""DataLoaders for one worker: a seeded, resumable DistributedSampler for training, the
-exact ShardSampler for evaluation, both handed to ``ray.train.torch.prepare_data_loader``
-for device placement (host-to-GPU copies on a side stream when on GPU).
+"""DataLoaders for one worker: the world-size-independent global order for training
+(``ray_ddp.global_order``), the exact ShardSampler for evaluation, both handed to
+``ray.train.torch.prepare_data_loader`` for device placement (host-to-GPU copies on a
+side stream when on GPU).
 
-Exact resume, mid-epoch included, rests on three things here:
-- the sampler can start an epoch at a given micro-batch (the batches before it are not
-  even loaded);
+Exact resume, mid-epoch and at another world size included, rests on three things here:
+- the batch sampler starts an epoch at a given sample of the epoch's global order (the
+  batches before it are not even loaded);
 - random augmentation is seeded per sample from (seed, epoch, index), so it does not
   depend on which loader worker process draws it, how many there are, or where the epoch
   was resumed;
@@ -14,48 +15,17 @@ Exact resume, mid-epoch included, rests on three things here:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import ray.train.torch
 import torch
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, Dataset
 
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
+from ray_ddp.global_order import GlobalOrderBatches
 from ray_ddp.seeding import sample_seed
 from ray_ddp.sharded_eval import ShardSampler
 from ray_ddp.task import Task
-
-
-class ResumableSampler(DistributedSampler):
-    """DistributedSampler (seeded, padded to equal length per rank) that can start an
-    epoch at micro-batch ``start_batch``, and can tag each index with its epoch for
-    :class:`SeededSamples`."""
-
-    def __init__(self, dataset: Dataset, *, batch_size: int, tag_epoch: bool, **kwargs: Any):
-        super().__init__(dataset, **kwargs)
-        if batch_size > 1 and self.num_samples % batch_size == 1:
-            # A last micro-batch of one sample cannot train a BatchNorm layer (its batch
-            # statistics need two): every rank takes one more sample, repeated.
-            self.num_samples += 1
-            self.total_size = self.num_samples * self.num_replicas
-        self.batch_size = batch_size
-        self.tag_epoch = tag_epoch
-        self.start_batch = 0
-
-    def set_position(self, epoch: int, start_batch: int) -> None:
-        """The coming pass is epoch ``epoch``, from micro-batch ``start_batch`` on."""
-        self.set_epoch(epoch)
-        self.start_batch = start_batch
-
-    def __iter__(self) -> Iterator[Any]:
-        indices = list(super().__iter__())[self.start_batch * self.batch_size :]
-        if self.tag_epoch:
-            return iter([(self.epoch, i) for i in indices])
-        return iter(indices)
-
-    def __len__(self) -> int:
-        return max(0, super().__len__() - self.start_batch * self.batch_size)
 
 
 class SeededSamples(Dataset):
@@ -101,7 +71,7 @@ def make_loaders(
     rank: int,
     world_size: int,
     device: torch.device,
-) -> tuple[DataLoader, ResumableSampler, DataLoader]:
+) -> tuple[DataLoader, GlobalOrderBatches, DataLoader]:
     workers = loader_workers(cfg)
     pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
     common = {
@@ -110,28 +80,22 @@ def make_loaders(
         "persistent_workers": workers > 0,
         "collate_fn": task.collate,
     }
-    # Our own DistributedSampler (Ray would add one with seed 0): the data order follows
-    # --seed, changes every epoch through set_epoch, and is the same on a re-run.
-    # drop_last=False on the sampler pads ranks to equal length (repeating at most
-    # world_size - 1 samples, plus one per rank to avoid a 1-sample tail), so every rank
-    # runs the same number of steps (a rank with fewer would hang the others in
-    # all-reduce); drop_last=False on the loader trains every sample every epoch, the last
-    # micro-batch being smaller (train_epoch weighs it by its size).
+    # The data order follows --seed, changes every epoch, is the same on a re-run, and
+    # does not depend on the world size: every optimizer step trains the same samples at
+    # any number of workers, and every sample once per epoch (see ray_ddp.global_order).
     augmented = task.random_samples(cfg)
-    train_sampler = ResumableSampler(
-        train_ds,
+    train_batches = GlobalOrderBatches(
+        len(train_ds),  # type: ignore[arg-type]
         batch_size=cfg.batch_size,
-        tag_epoch=augmented,
-        num_replicas=world_size,
-        rank=rank,
-        shuffle=True,
+        global_batch=cfg.global_batch_size,
         seed=cfg.seed,
+        rank=rank,
+        world_size=world_size,
+        tag_epoch=augmented,
     )
     train_loader = DataLoader(
         SeededSamples(train_ds, cfg.seed) if augmented else train_ds,
-        batch_size=cfg.batch_size,
-        sampler=train_sampler,
-        drop_last=False,
+        batch_sampler=train_batches,
         generator=torch.Generator().manual_seed(cfg.seed),
         **common,
     )
@@ -141,8 +105,7 @@ def make_loaders(
         sampler=ShardSampler(len(val_ds), rank, world_size),  # type: ignore[arg-type]
         **common,
     )
-    # prepare_data_loader keeps a sampler that is already a DistributedSampler; the
-    # evaluation loader must keep its ShardSampler, hence add_dist_sampler=False there.
-    train_loader = ray.train.torch.prepare_data_loader(train_loader)
+    # Both loaders keep their own samplers (Ray would add a DistributedSampler of seed 0).
+    train_loader = ray.train.torch.prepare_data_loader(train_loader, add_dist_sampler=False)
     val_loader = ray.train.torch.prepare_data_loader(val_loader, add_dist_sampler=False)
-    return train_loader, train_sampler, val_loader
+    return train_loader, train_batches, val_loader

@@ -5,6 +5,7 @@ to change, raised before any cluster work."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ class PreparedTask:
     """``task.describe(cfg)``: saved in every checkpoint, given to ``task.model``."""
     train_size: int | None
     val_size: int | None
+    resume_config: dict[str, Any] | None = None
+    """The config saved in the ``--resume-from`` checkpoint (None without one)."""
 
     def meta(self, cfg: TrainConfig) -> dict[str, Any]:
         """What a checkpoint of this run records about its model."""
@@ -54,13 +57,14 @@ def preflight(
     facts = check_facts(task, user_code(task, "describe", lambda: task.describe(cfg)))
     train_size, val_size = user_code(task, "check", lambda: task.check(cfg, facts))
     prepared = PreparedTask(task, facts, train_size, val_size)
-    check_rerun(cfg)
+    check_rerun(cfg, global_batch=False)  # compared once the worker count is resolved
     if cfg.resume_from:
         try:
             state = load_checkpoint_state(cfg.resume_from)
             check_compatible(state, prepared.meta(cfg), f"--resume-from {cfg.resume_from}")
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from exc
+        prepared = dataclasses.replace(prepared, resume_config=state.get("config"))
     for batch_size in batch_sizes or [cfg.batch_size]:
         check_batch_fits(cfg, train_size, batch_size)
     return prepared
@@ -87,18 +91,19 @@ def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) 
     "auto"."""
     if train_size is None or not cfg.num_workers:
         return
-    shard = -(-train_size // cfg.num_workers)
+    shard = -(-train_size // cfg.num_workers)  # at the most workers, for an elastic run
     if batch_size > shard:
         raise ConfigError(
             f"--batch-size {batch_size} (per worker) is larger than a worker's "
             f"share of the {train_size} training samples ({shard}); lower it"
         )
-    batches = -(-shard // batch_size)  # the last micro-batch may be short
-    if cfg.accum_steps > batches:
+    batch = batch_size * cfg.num_workers * cfg.accum_steps
+    if batch > train_size:
         raise ConfigError(
-            f"--accum-steps {cfg.accum_steps} is more than the {batches} micro-batches of "
-            f"{batch_size} a worker gets per epoch, so no step would accumulate that many; "
-            "lower --accum-steps or --batch-size"
+            f"--accum-steps {cfg.accum_steps} makes a global batch of {batch} ({batch_size} x "
+            f"{cfg.num_workers} workers x {cfg.accum_steps}), more than the {train_size} "
+            "training samples, so no optimizer step would be full; lower --accum-steps or "
+            "--batch-size"
         )
 
 

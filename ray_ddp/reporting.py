@@ -72,7 +72,7 @@ def progress_line(
     filled = round(width * done / max(1, total))
     return (
         f"  epoch {epoch}/{epochs} [{'#' * filled}{'.' * (width - filled)}] "
-        f"{100 * done / max(1, total):3.0f}%  {done}/{total} batches  loss {loss:.4f}  "
+        f"{100 * done / max(1, total):3.0f}%  {done}/{total} samples  loss {loss:.4f}  "
         f"{samples_per_s:.0f} samples/s  eta {eta_s:.0f} s"
     )
 

@@ -9,11 +9,11 @@ from typing import Any
 
 import ray.train
 
-from ray_ddp.checkpoint import CheckpointError, load_state, restore_rng
+from ray_ddp.checkpoint import CheckpointError, load_state
 from ray_ddp.config import TrainConfig
+from ray_ddp.global_order import accumulation
 from ray_ddp.optim import apply_hyperparameters, hyperparameters, set_schedule_step
 from ray_ddp.preflight import load_checkpoint_state
-from ray_ddp.seeding import seed_step_randomness
 from ray_ddp.storage import list_checkpoints
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState
 from ray_ddp.worker import Worker
@@ -81,48 +81,85 @@ def restore_training(
     cfg: TrainConfig,
     steps_per_epoch: int,
 ) -> EpochSums:
-    """Load optimizer, schedule, scaler, progress and this rank's RNG from ``restored``
-    (the weights are loaded before DDP wraps the model). Returns this rank's sums of the
-    epoch's part before a mid-epoch checkpoint (zero at an epoch boundary).
+    """Load optimizer, schedule, scaler and progress from ``restored`` (the weights are
+    loaded before DDP wraps the model). Returns this rank's sums of the epoch's part
+    before a mid-epoch checkpoint (zero at an epoch boundary): all ranks' totals on rank
+    0, so the resumed epoch's loss is exact at any world size.
 
     What the flags say wins over what the checkpoint saved: the peak lr, weight decay and
     momentum, the optimizer kind and the precision; the resume line names each change."""
     if restored is None:
-        seed_step_randomness(cfg.seed, worker.rank)
-        return EpochSums()
+        return EpochSums(ledger=[] if cfg.sample_ledger else None)
     saved = restored.state
     notes = _restore_optimizer(saved, state, cfg)
     notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress.from_saved(saved["progress"])
-    saved_world = len(saved["rng"])
-    sums = EpochSums()
-    if saved_world == worker.world_size:
-        restore_rng(saved["rng"][worker.rank])
-        if progress.batch:
-            sums = EpochSums(*saved["epoch_partial"][worker.rank])
-    else:  # a different world size: data order is still exact, dropout RNG is not
-        seed_step_randomness(cfg.seed, worker.rank, progress.epoch)
-        if progress.batch:
-            # A mid-epoch position is a position in each rank's shard: with another world
-            # size the shards differ, so the interrupted epoch is started over.
-            worker.log(
-                f"world size changed ({saved_world} -> {worker.world_size}): epoch "
-                f"{progress.epoch + 1} restarts from its first batch"
-            )
-            progress.batch = 0
-        # The schedule follows the epochs done, not the raw step count: steps per epoch
-        # change with the world size, and the saved count would put the schedule ahead
-        # (more workers) or behind (fewer) of where training is.
+    if saved["progress"].get("batch"):  # an older format's position, in another order
+        worker.log(
+            f"the checkpoint's mid-epoch position is of an older version: epoch "
+            f"{progress.epoch + 1} restarts from its first sample"
+        )
+    sums = _partial_sums(saved, worker, cfg) if progress.sample else EpochSums()
+    if cfg.sample_ledger and sums.ledger is None:
+        sums.ledger = []
+    notes += _world_size_change(saved, worker, cfg)
+    saved_batch = saved_global_batch(saved)
+    if saved_batch != cfg.global_batch_size:
+        # Another global batch (--allow-config-change): another number of steps per
+        # epoch, so the schedule continues at the epochs done, in this run's steps.
         step = progress.epoch * steps_per_epoch
         set_schedule_step(state.scheduler, step)
-        notes.append(f"the LR schedule continues at step {step} of this world size")
-    where = f", {progress.batch} micro-batches into epoch {progress.epoch + 1}"
+        notes.append(
+            f"global batch {saved_batch} -> {cfg.global_batch_size}: the LR schedule "
+            f"continues at step {step}"
+        )
+    where = f", {progress.sample} samples into epoch {progress.epoch + 1}"
     worker.log(
         f"resumed from {restored.source}: {progress.epoch} epochs, {progress.step} steps done"
-        + (where if progress.batch else "")
+        + (where if progress.sample else "")
         + "".join(f"; {note}" for note in notes)
     )
     return sums
+
+
+def saved_world_size(saved: dict[str, Any]) -> int:
+    """The world size a checkpoint was written at (older ones saved a RNG state per rank)."""
+    return int(saved.get("world_size") or len(saved.get("rng", [])) or 1)
+
+
+def saved_global_batch(saved: dict[str, Any]) -> int:
+    config = saved.get("config", {})
+    workers = config.get("num_workers") or saved_world_size(saved)
+    return int(config.get("batch_size", 0) * workers * config.get("accum_steps", 1))
+
+
+def _partial_sums(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> EpochSums:
+    """The epoch's sums before a mid-epoch checkpoint: every saved rank's, added up, on
+    rank 0 (what is reported is the total over ranks)."""
+    if not worker.is_main:
+        return EpochSums()
+    parts = saved.get("epoch_partial", [])
+    ledger = [tuple(row) for row in saved.get("ledger", [])] if cfg.sample_ledger else None
+    return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), ledger)
+
+
+def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> list[str]:
+    """The line's words for a resume at another world size (nothing at the same)."""
+    before, now = saved_world_size(saved), worker.world_size
+    if before == now:
+        return []
+    config = saved.get("config", {})
+    accum_before = saved_global_batch(saved) // max(1, config.get("batch_size", 1) * before)
+    accum_now = accumulation(cfg.global_batch_size, cfg.batch_size, now)
+    change = "lost" if now < before else "gained"
+    workers = "worker" if abs(before - now) == 1 else "workers"
+    kept = saved_global_batch(saved) == cfg.global_batch_size
+    return [
+        f"{change} {abs(before - now)} {workers} since the checkpoint: continuing on {now} "
+        f"{'worker' if now == 1 else 'workers'}, "
+        f"accumulation {accum_before} -> {accum_now}"
+        + (f", global batch {cfg.global_batch_size} kept, same data order" if kept else "")
+    ]
 
 
 def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfig) -> list[str]:

@@ -6,10 +6,13 @@ and which must differ:
 - initial weights: the same on every rank (``seed``), so all replicas start equal before
   DDP's broadcast makes sure of it;
 - the training step's own randomness (dropout, stochastic depth, and anything the step
-  draws from Python's ``random`` or NumPy): different per rank, or every replica would
-  drop the same units on different data (see ``seed_step_randomness``);
-- the data order: the sampler's (``seed + epoch``, as DistributedSampler does it), the
-  same on every rank, each rank taking its own slice;
+  draws from Python's ``random`` or NumPy): seeded before every micro-batch from (seed,
+  optimizer step, micro-batch number in the step), so it differs between micro-batches
+  (or every replica would drop the same units on different data) and does not depend on
+  which rank trains the micro-batch, how many ranks there are, or where a run resumed
+  (see ``seed_micro_batch``);
+- the data order: one permutation per epoch (``seed + epoch``, as DistributedSampler
+  does it), the same on every rank and at every world size (``ray_ddp.global_order``);
 - augmentation: per sample, from (seed, epoch, index), so it does not depend on which
   loader process or which rank draws the sample (see ``sample_seed``);
 - the built-in dataset and ``--train-samples`` subsets: their own generators.
@@ -28,8 +31,8 @@ import random
 import numpy as np
 import torch
 
-# SeedSequence spawn keys: one family of streams per use, so the step stream of (epoch,
-# rank) and the augmentation of sample (epoch, index) differ even where rank == index.
+# SeedSequence spawn keys: one family of streams per use, so the stream of micro-batch
+# (step, micro) and the augmentation of sample (epoch, index) differ even where they meet.
 _STEP, _SAMPLE = 1, 2
 
 
@@ -46,14 +49,14 @@ def seed_initial_weights(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def seed_step_randomness(seed: int, rank: int, epoch: int = 0) -> None:
-    """The streams the training step draws from: torch's (CPU and every GPU: dropout runs
-    on the device), Python's ``random`` and NumPy's global one; one set per rank.
+def seed_micro_batch(seed: int, step: int, micro: int) -> None:
+    """Before micro-batch ``micro`` of optimizer step ``step`` (counted over the run): the
+    streams the training step draws from, torch's (CPU and every GPU: dropout runs on the
+    device), Python's ``random`` and NumPy's global one.
 
-    A fresh run keys them by (seed, rank). A resume with the same world size restores each
-    rank's saved RNG states instead; with another world size there are no states to give
-    the new ranks, so they start fresh streams keyed by the epoch they resume at too."""
-    words = _words(seed, _STEP, epoch, rank, count=5)
+    Keyed by the step and the micro-batch, not the rank, so a micro-batch gets the same
+    dropout at any world size and after any resume: no RNG state needs saving."""
+    words = _words(seed, _STEP, step, micro, count=5)
     # Each generator gets its own words: torch's CPU generator and NumPy's legacy one are
     # both MT19937 seeded the same way from 32 bits, and the same seed would make them
     # produce the same numbers.

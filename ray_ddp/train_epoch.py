@@ -11,10 +11,11 @@ any, is torch.distributed's.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -22,9 +23,11 @@ import torch
 from ray_ddp import reporting
 from ray_ddp.collectives import world_size
 from ray_ddp.config import TrainConfig
+from ray_ddp.global_order import EpochPlan, GlobalOrderBatches
 from ray_ddp.loss_guard import LossGuard
 from ray_ddp.optim import optimizer_step
 from ray_ddp.precision import autocast
+from ray_ddp.seeding import seed_micro_batch
 from ray_ddp.step_timing import StepTimer
 from ray_ddp.task import Task, map_tensors
 from ray_ddp.train_state import EpochSums, TrainState
@@ -35,14 +38,11 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class EpochPosition:
-    """Micro-batch ``batch`` (0-based) of ``batches`` in epoch ``epoch`` (0-based)."""
+    """Sample ``sample`` of epoch ``epoch``'s global order (both 0-based): how far into
+    the epoch training is, the same at every world size (``ray_ddp.global_order``)."""
 
     epoch: int
-    batch: int
-    batches: int
-    samples: int | None = None
-    """This rank's samples in the whole epoch, when the last micro-batch may be short
-    (None: every micro-batch is full)."""
+    sample: int
 
 
 @dataclass
@@ -65,7 +65,7 @@ class EpochSegment:
     """What one call trained: up to the epoch's end, or to a due checkpoint."""
 
     end: EpochPosition
-    """Where it stopped (``end.batch == end.batches`` at the epoch's end; earlier at a due
+    """Where it stopped (``end.sample`` is the epoch's size at its end; earlier at a due
     checkpoint or at ``--max-steps``)."""
     sums: EpochSums
     """This rank's sums over the whole epoch so far (earlier segments included)."""
@@ -81,63 +81,56 @@ def train_epoch(
     cfg: TrainConfig,
     state: TrainState,
     loader: Iterable,
-    start: EpochPosition,
+    order: GlobalOrderBatches,
     sums: EpochSums,
     tools: EpochTools,
 ) -> EpochSegment:
-    """Train from ``start`` (whose sampler position the caller set) with ``sums`` of the
-    part before it. ``loader`` yields the task's batches, already on the device."""
+    """Train the micro-batches ``order`` holds for this rank (the caller set its position;
+    ``loader`` draws from it and yields the task's batches, already on the device), with
+    ``sums`` of the epoch's part before that position."""
     model, optimizer, progress = state.model, state.optimizer, state.progress
     task, device, guard = tools.task, tools.device, tools.guard
+    plan, slots = order.plan, order.slots
     model.train()
-    batches = start.batches
     # Summed on the device: calling .item() every step would wait for the GPU each time.
     loss_sum = torch.tensor(sums.loss_sum, dtype=torch.float64, device=device)
     seen = sums.samples
+    ledger = sums.ledger
     trained = skipped = window_samples = 0
-    end, checkpoint_due = replace(start, batch=batches), False
+    end, checkpoint_due = EpochPosition(plan.epoch, plan.size), False
     started = last_report = time.perf_counter()
     no_sync = getattr(model, "no_sync", None)  # absent with one worker (no DDP wrapper)
+    ranks = world_size()  # DDP averages the ranks' gradients: each weighs by its share
     optimizer.zero_grad(set_to_none=True)
     tools.timer.restart()
-    for index, batch in enumerate(loader, start=start.batch):
-        size = task.batch_size(batch)
-        # Micro-steps are grouped in windows of accum_steps; the last window of an epoch
-        # may be shorter, and the loss is divided by the window's real length so every
-        # optimizer step averages its samples exactly. Checkpoints fall on window ends, so
-        # a resumed epoch starts on a window's first micro-batch.
-        window_start = index - index % cfg.accum_steps
-        window = min(cfg.accum_steps, batches - window_start)
-        boundary = index - window_start == window - 1
-        # The step averages over the window's samples: a short last micro-batch of the
-        # epoch weighs by its size (full windows keep the plain division by their length).
-        full = cfg.batch_size * window
-        planned = (
-            full
-            if start.samples is None
-            else min(full, start.samples - window_start * cfg.batch_size)
-        )
+    for index, (slot, batch) in enumerate(zip(slots, loader, strict=True)):
         # Only the boundary micro-step all-reduces gradients; the others accumulate
         # locally under no_sync() (the guide's version all-reduced on every micro-step).
         sync_context = (
-            no_sync() if (no_sync is not None and not boundary) else contextlib.nullcontext()
+            no_sync() if (no_sync is not None and not slot.boundary) else contextlib.nullcontext()
         )
         with sync_context:
             if tools.channels_last:
                 batch = map_tensors(batch, _channels_last)
+            # Dropout and the like follow the micro-batch, whichever rank trains it.
+            seed_micro_batch(cfg.seed, progress.step + 1, slot.micro)
             with autocast(cfg.amp, device):
                 loss = task.loss(model, batch).float()
             loss = _inject_fault(cfg, loss, progress.step + 1, guard.rank)
-            guard.observe(
-                loss, progress.step + 1, f"epoch {start.epoch + 1}, micro-batch {index + 1}"
-            )
-            weighted = loss / window if planned == full else loss * (size / planned)
-            state.scaler.scale(weighted).backward()
-        loss_sum += loss.detach().double() * size
-        seen += size
-        trained += size
-        window_samples += size
-        if boundary:
+            guard.observe(loss, progress.step + 1, f"epoch {plan.epoch + 1}, step {slot.step + 1}")
+            # The step's gradient is the mean over all its samples, however the ranks and
+            # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
+            # weighs by its share of the step's samples, times the ranks DDP divides by.
+            state.scaler.scale(loss * (slot.size * ranks / slot.step_samples)).backward()
+        if not slot.filler:
+            loss_sum += loss.detach().double() * slot.size
+            seen += slot.size
+            trained += slot.size
+            window_samples += slot.size
+            if ledger is not None:
+                ledger.extend((progress.step + 1, i) for i in slot.indices)
+        if slot.boundary:
+            _stall(cfg, guard.rank, progress.step + 1)
             if cfg.grad_clip > 0:
                 state.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -153,17 +146,23 @@ def train_epoch(
         if tools.show_progress and time.perf_counter() - last_report >= cfg.progress_interval_s:
             last_report = time.perf_counter()
             _print_progress(
-                cfg, start, index, loss_sum.item() / seen, trained, last_report - started
-            )
-        if boundary and max_steps_reached(cfg, progress.step):
-            end = replace(start, batch=index + 1)  # where a re-run with more steps resumes
+                cfg, plan, index, len(slots), loss_sum.item() / max(1, seen), trained,
+                last_report - started,
+            )  # fmt: skip
+        if not slot.boundary:
+            continue
+        if max_steps_reached(cfg, progress.step):
+            # Where a re-run with more steps resumes.
+            end = EpochPosition(plan.epoch, plan.step_start(slot.step + 1))
             break
-        if boundary and _checkpoint_due(cfg, progress.step) and index + 1 < batches:
+        if _checkpoint_due(cfg, progress.step) and slot.step + 1 < plan.steps:
             # The epoch's end has its own checkpoint; this one is inside the epoch.
-            end, checkpoint_due = replace(start, batch=index + 1), True
+            end = EpochPosition(plan.epoch, plan.step_start(slot.step + 1))
+            checkpoint_due = True
             break
     guard.check()
-    return EpochSegment(end, EpochSums(loss_sum.item(), seen), trained, skipped, checkpoint_due)
+    sums = EpochSums(loss_sum.item(), seen, ledger)
+    return EpochSegment(end, sums, trained, skipped, checkpoint_due)
 
 
 def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
@@ -184,22 +183,38 @@ def _checkpoint_due(cfg: TrainConfig, step: int) -> bool:
 
 
 def _print_progress(
-    cfg: TrainConfig, start: EpochPosition, index: int, loss: float, trained: int, elapsed: float
-) -> None:
-    done = index + 1 - start.batch
+    cfg: TrainConfig, plan: EpochPlan, index: int, slots: int, loss: float, trained: int,
+    elapsed: float,
+) -> None:  # fmt: skip
+    """Progress through the epoch in samples of its order (the same at any world size)."""
+    done = index + 1
+    position = plan.start + trained * world_size()
     sys.stdout.write(
         reporting.progress_line(
-            start.epoch + 1,
+            plan.epoch + 1,
             cfg.epochs,
-            index + 1,
-            start.batches,
+            min(position, plan.size),
+            plan.size,
             loss,
             trained * world_size() / elapsed,
-            elapsed * (start.batches - index - 1) / done,
+            elapsed * (slots - done) / done,
         )
         + "\n"
     )
     sys.stdout.flush()
+
+
+def _stall(cfg: TrainConfig, rank: int, step: int) -> None:
+    """Testing aid (``TrainConfig.stall_step``): rank ``stall_rank`` stops at one optimizer
+    step, once per run, announcing it in ``<run>/stalled-rank-<rank>``."""
+    if cfg.stall_step != step or cfg.stall_rank != rank:
+        return
+    marker = os.path.join(cfg.storage_path, cfg.name or "", f"stalled-rank-{rank}")
+    if os.path.exists(marker):
+        return
+    with open(marker, "w") as file:
+        file.write(f"{step}\n")
+    time.sleep(cfg.stall_s)
 
 
 def _inject_fault(cfg: TrainConfig, loss: torch.Tensor, step: int, rank: int) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Any
 import ray.train
 
 from ray_ddp import reporting
-from ray_ddp.checkpoint import capture_rng, save_state
+from ray_ddp.checkpoint import save_state
 from ray_ddp.collectives import all_gather
 from ray_ddp.config import TrainConfig
 from ray_ddp.train_epoch import EpochPosition
@@ -35,11 +35,11 @@ def write_mid_epoch_checkpoint(
     """A checkpoint inside the epoch (``--checkpoint-every``): no validation. ``score`` is
     the (metric, mode) that ranks checkpoints."""
     progress = state.progress
-    progress.batch = position.batch
+    progress.sample = position.sample
     metrics = {
         "epoch": progress.epoch,
         "step": progress.step,
-        "batch": position.batch,
+        "sample": position.sample,
         "mid_epoch": True,
         # Not validated. Scored worse than any epoch checkpoint (so Ray keeps it only while
         # it is the latest); not NaN, which Ray's saved state turns to null.
@@ -47,10 +47,9 @@ def write_mid_epoch_checkpoint(
         "lr": state.lr,
     }
     checkpoint_and_report(cfg, worker, state, meta, metrics, sums)
-    progress.batch = 0
+    progress.sample = 0
     worker.log(
-        f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, micro-batch "
-        f"{position.batch}/{position.batches})"
+        f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, sample {position.sample})"
     )
 
 
@@ -72,9 +71,10 @@ def checkpoint_and_report(
         "peak_memory_mb": peak_mb,
         "memory_kind": memory_kind,
     }
-    # One collective for all of it: every rank's RNG and partial sums (for the checkpoint)
-    # and its speed and memory (for the balance table).
-    gathered = all_gather({"rng": capture_rng(), "sums": sums, "stats": stats})
+    # One collective for all of it: every rank's partial sums (for the checkpoint) and its
+    # speed and memory (for the balance table). No RNG states: the step's randomness is
+    # seeded per micro-batch (ray_ddp.seeding), so a resume needs none.
+    gathered = all_gather({"sums": sums, "stats": stats})
     per_rank = [g["stats"] for g in gathered]
     if not metrics.get("mid_epoch"):
         metrics.update(reporting.balance(per_rank))
@@ -88,7 +88,7 @@ def checkpoint_and_report(
             state,
             config=cfg.to_dict(),
             task_meta=meta,
-            rng_per_rank=[g["rng"] for g in gathered],
+            world_size=worker.world_size,
             epoch_partial=[g["sums"] for g in gathered],
         )
         # SYNC upload (the default): the checkpoint is in storage when report returns.

@@ -13,9 +13,10 @@ class TrainProgress:
 
     epoch: int = 0
     """Epochs completed."""
-    batch: int = 0
-    """Micro-batches of the next epoch already trained: 0 at an epoch boundary, more in a
-    mid-epoch checkpoint (``--checkpoint-every``); a resumed run starts the epoch there."""
+    sample: int = 0
+    """Samples of the next epoch's order already trained (``ray_ddp.global_order``): 0 at
+    an epoch boundary, more in a mid-epoch checkpoint (``--checkpoint-every``) or a
+    ``--max-steps`` stop; a resumed run, at any world size, starts the epoch there."""
     step: int = 0
     """Optimizer steps taken."""
     best_score: float | None = None
@@ -29,12 +30,15 @@ class TrainProgress:
 
 @dataclass
 class EpochSums:
-    """One rank's running sums over the current epoch (a mid-epoch checkpoint keeps them,
-    so the resumed epoch reports the same training loss)."""
+    """One rank's running sums over the current epoch (a mid-epoch checkpoint keeps every
+    rank's, so the resumed epoch reports the same training loss at any world size)."""
 
     loss_sum: float = 0.0
     """Sum of per-sample training losses."""
     samples: int = 0
+    ledger: list[tuple[int, int]] | None = None
+    """``(optimizer step, sample index)`` of every sample trained, with
+    ``--sample-ledger`` (a testing aid); None without."""
 
 
 @dataclass

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -23,10 +23,11 @@ from torch.utils.data import DataLoader
 
 from ray_ddp import reporting
 from ray_ddp.checkpoint import check_compatible, task_meta
-from ray_ddp.collectives import broadcast_buffers, is_distributed, sum_over_ranks
+from ray_ddp.collectives import all_gather, broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.comm_stats import attach_counter
 from ray_ddp.config import TrainConfig, global_batch
-from ray_ddp.loaders import ResumableSampler, make_loaders
+from ray_ddp.global_order import GlobalOrderBatches, accumulation
+from ray_ddp.loaders import make_loaders
 from ray_ddp.loss_guard import LossGuard
 from ray_ddp.memory_format import use_channels_last
 from ray_ddp.optim import build_optimizer, build_scheduler
@@ -47,23 +48,19 @@ from ray_ddp.worker import Worker, rank_rows, start_worker
 
 @dataclass
 class WorkerData:
-    """This worker's view of the data: loaders over its shard, and their sizes."""
+    """This worker's view of the data: loaders over its part, and their sizes."""
 
     train_loader: DataLoader
-    train_sampler: ResumableSampler
+    train_order: GlobalOrderBatches
+    """The batch sampler behind ``train_loader``: this rank's micro-batches of the epoch's
+    global order, from the position it is set to."""
     val_loader: DataLoader
     train_size: int
     val_size: int
-    batches_per_epoch: int
-    """Micro-batches per epoch on each worker (the sampler pads ranks to equal). Read
-    once, at the start: ``len(train_loader)`` shrinks while a resumed epoch is on."""
-    samples_per_rank: int
-    """Training samples per epoch on each worker (the last micro-batch may be short)."""
-
-    @property
-    def repeated(self) -> int:
-        """Samples the sampler repeats so that every rank gets the same count."""
-        return self.samples_per_rank * self.train_sampler.num_replicas - self.train_size
+    steps_per_epoch: int
+    """Optimizer steps per epoch: the same at every world size (the last may be short)."""
+    accumulation: int
+    """Micro-batches each worker accumulates per optimizer step at this world size."""
 
 
 @dataclass
@@ -124,7 +121,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
         model.load_state_dict(restored.state["model"])
     channels_last = use_channels_last(cfg.channels_last, model, worker.device)
     state = build_train_state(cfg, worker, task, wrap_model(model, channels_last), data)
-    partial = restore_training(restored, state, worker, cfg, steps_per_epoch(cfg, data))
+    partial = restore_training(restored, state, worker, cfg, data.steps_per_epoch)
     counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
 
     ranks = rank_rows(worker)
@@ -140,21 +137,24 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 break
             steps_before, syncs_before = progress.step, counter.syncs if counter else 0
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
-            partial = EpochSums()
+            partial = fresh_sums(cfg)
             evaluated = validate(cfg, worker, task, state, data)
             # A --max-steps stop inside the epoch is saved as that position, so a re-run
             # with more steps trains the rest of the epoch instead of skipping it.
-            finished = trained.end_batch >= data.batches_per_epoch
-            progress.epoch, progress.batch = (
-                (epoch + 1, 0) if finished else (epoch, trained.end_batch)
+            finished = trained.end_sample >= data.train_size
+            progress.epoch, progress.sample = (
+                (epoch + 1, 0) if finished else (epoch, trained.end_sample)
             )
+            if finished:
+                write_ledger(cfg, worker, epoch, trained.ledger)
             metrics = epoch_metrics(task, state, trained, evaluated, epoch + 1)
+            metrics.update(world_size=worker.world_size, accum_steps=data.accumulation)
             progress.best_score = better(task, progress.best_score, metrics)
             if counter is not None:
                 steps = max(1, progress.step - steps_before)
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / steps
             speed = trained.own_trained / trained.seconds
-            own = EpochSums() if finished else trained.own
+            own = fresh_sums(cfg) if finished else trained.own
             per_rank = checkpoint_and_report(cfg, worker, state, meta, metrics, own, speed)
             log_epoch(cfg, worker, tools, metrics, per_rank, progress, data)
             run.add(metrics, trained, per_rank)
@@ -178,17 +178,17 @@ def build_worker_data(
             if is_distributed():
                 torch.distributed.barrier()
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
-    train_loader, train_sampler, val_loader = make_loaders(
+    train_loader, train_order, val_loader = make_loaders(
         cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
     )
     return WorkerData(
         train_loader,
-        train_sampler,
+        train_order,
         val_loader,
         train_size=len(train_ds),  # type: ignore[arg-type]
         val_size=len(val_ds),  # type: ignore[arg-type]
-        batches_per_epoch=len(train_loader),  # the sampler is at batch 0 here
-        samples_per_rank=train_sampler.num_samples,
+        steps_per_epoch=train_order.plan.steps,  # the order is at the epoch's start here
+        accumulation=accumulation(cfg.global_batch_size, cfg.batch_size, worker.world_size),
     )
 
 
@@ -217,7 +217,7 @@ def build_train_state(
 ) -> TrainState:
     """Optimizer (over the task's parameter groups), warm-up + cosine schedule over the
     run's optimizer steps, GradScaler."""
-    total_steps = steps_per_epoch(cfg, data) * cfg.epochs
+    total_steps = data.steps_per_epoch * cfg.epochs
     if cfg.max_steps:
         total_steps = min(total_steps, cfg.max_steps)
     optimizer = build_optimizer(cfg, task.param_groups(unwrap(model), cfg))
@@ -245,11 +245,6 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
     )
 
 
-def steps_per_epoch(cfg: TrainConfig, data: WorkerData) -> int:
-    """Optimizer steps per epoch at this world size (the last window may be short)."""
-    return math.ceil(data.batches_per_epoch / cfg.accum_steps)
-
-
 def announce(
     cfg: TrainConfig,
     worker: Worker,
@@ -260,18 +255,18 @@ def announce(
 ) -> None:
     """The rank table, the batch arithmetic and the data sizes, once, from rank 0."""
     worker.log(reporting.rank_table(ranks))
-    worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, cfg.accum_steps))
-    steps = steps_per_epoch(cfg, data)
+    worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, data.accumulation))
     described = ", ".join(f"{k} {reporting.short(v)}" for k, v in facts.items())
     worker.log(
         f"data: {task.name(cfg)}, {data.train_size} train / {data.val_size} val samples"
-        f"{f' ({described})' if described else ''}; {data.batches_per_epoch} micro-batches "
-        f"and {steps} optimizer steps per epoch per worker"
+        f"{f' ({described})' if described else ''}; {data.steps_per_epoch} optimizer steps "
+        f"of {cfg.global_batch_size} samples per epoch"
     )
-    if data.repeated:
+    if cfg.elastic:
+        low, high = cfg.worker_range
         worker.log(
-            f"data: {data.repeated} training samples are seen twice per epoch, so that every "
-            f"one of the {worker.world_size} workers gets {data.samples_per_rank}"
+            f"elastic: {low} to {high} workers, now {worker.world_size}; the global batch of "
+            f"{cfg.global_batch_size} and the data order stay the same at every count"
         )
 
 
@@ -293,8 +288,10 @@ class EpochTrained:
     seconds: float
     own: EpochSums
     """This rank's sums over the epoch so far (what a checkpoint of a partial epoch keeps)."""
-    end_batch: int
-    """Micro-batches of the epoch done: all of them, or fewer where ``--max-steps`` hit."""
+    end_sample: int
+    """Samples of the epoch's order done: all of them, or fewer where ``--max-steps`` hit."""
+    ledger: list[tuple[int, int]] | None
+    """This rank's ``(step, index)`` of the whole epoch (``--sample-ledger``)."""
 
 
 def train_one_epoch(
@@ -306,20 +303,18 @@ def train_one_epoch(
     sums: EpochSums,
     meta: dict[str, Any],
 ) -> EpochTrained:
-    """Epoch ``state.progress.epoch`` from ``progress.batch`` on, with a mid-epoch
+    """Epoch ``state.progress.epoch`` from ``progress.sample`` on, with a mid-epoch
     checkpoint every ``--checkpoint-every`` optimizer steps."""
     progress = state.progress
-    position = EpochPosition(
-        progress.epoch, progress.batch, data.batches_per_epoch, data.samples_per_rank
-    )
-    progress.batch = 0
+    position = EpochPosition(progress.epoch, progress.sample)
+    progress.sample = 0
     started = time.perf_counter()
     trained = skipped = 0
     while True:
-        # A new, reproducible shuffle every epoch, from where a checkpoint left it.
-        data.train_sampler.set_position(position.epoch, position.batch)
+        # A new, reproducible order every epoch, from where a checkpoint left it.
+        data.train_order.set_position(position.epoch, position.sample)
         with explain_oom(cfg, worker, "training"):
-            segment = train_epoch(cfg, state, data.train_loader, position, sums, tools)
+            segment = train_epoch(cfg, state, data.train_loader, data.train_order, sums, tools)
         sums, trained, skipped = segment.sums, trained + segment.samples, skipped + segment.skipped
         if not segment.checkpoint_due:
             break
@@ -338,7 +333,8 @@ def train_one_epoch(
         skipped=skipped,
         seconds=seconds,
         own=sums,
-        end_batch=segment.end.batch,
+        end_sample=segment.end.sample,
+        ledger=sums.ledger,
     )
 
 
@@ -362,6 +358,29 @@ def better(task: Task, best: float | None, metrics: dict[str, Any]) -> float:
     if best is None:
         return score
     return max(best, score) if task.best_mode == "max" else min(best, score)
+
+
+def fresh_sums(cfg: TrainConfig) -> EpochSums:
+    """Zero sums for a new epoch (with an empty ledger under ``--sample-ledger``)."""
+    return EpochSums(ledger=[] if cfg.sample_ledger else None)
+
+
+def write_ledger(
+    cfg: TrainConfig, worker: Worker, epoch: int, ledger: list[tuple[int, int]] | None
+) -> None:
+    """``--sample-ledger`` (a testing aid): every rank's ``(step, index)`` of the finished
+    epoch, gathered to rank 0 and written to ``<run>/ledger/epoch-<N>.csv`` (a redone
+    epoch's end overwrites it)."""
+    if not cfg.sample_ledger:
+        return
+    rows = [row for part in all_gather(ledger or []) for row in part]
+    if not worker.is_main:
+        return
+    folder = os.path.join(cfg.storage_path, cfg.name or "", "ledger")
+    os.makedirs(folder, exist_ok=True)
+    lines = ["step,index", *(f"{step},{index}" for step, index in sorted(rows))]
+    with open(os.path.join(folder, f"epoch-{epoch + 1}.csv"), "w") as file:
+        file.write("\n".join(lines) + "\n")
 
 
 @contextlib.contextmanager
@@ -415,11 +434,11 @@ def log_epoch(
 ) -> None:
     """The epoch line and the per-worker table from rank 0; the run logs' epoch row."""
     worker.log(reporting.epoch_line(metrics, cfg.epochs))
-    if progress.batch:  # stopped inside the epoch
+    if progress.sample:  # stopped inside the epoch
         worker.log(
-            f"stopped at --max-steps {cfg.max_steps}, micro-batch {progress.batch}/"
-            f"{data.batches_per_epoch} of epoch {progress.epoch + 1}: a re-run with more "
-            "steps continues from there"
+            f"stopped at --max-steps {cfg.max_steps}, sample {progress.sample}/"
+            f"{data.train_size} of epoch {progress.epoch + 1}: a re-run with more steps "
+            "continues from there"
         )
     worker.log(reporting.worker_table(per_rank))
     if tools.logs is not None:

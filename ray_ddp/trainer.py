@@ -16,11 +16,12 @@ from typing import Any
 from ray_ddp.cluster import prepare_cluster_run, worker_resources
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.preflight import PreparedTask
-from ray_ddp.rerun_guard import check_rerun, write_record
+from ray_ddp.rerun_guard import check_rerun, recorded_config, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
 from ray_ddp.storage import is_uri, join, upload_dir, uri_of, write_bytes
 from ray_ddp.task import Task
 from ray_ddp.transforms import augment_policy
+from ray_ddp.world_size import keep_global_batch, scaling_workers
 
 
 class Interrupted(Exception):
@@ -68,6 +69,12 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
     cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg, prepared.task))
     if cfg.task == BUILTIN_TASK:
         cfg = dataclasses.replace(cfg, augment=augment_policy(cfg))
+    # A re-run on another number of workers keeps the run's global batch.
+    recorded = recorded_config(cfg)
+    if recorded is not None:
+        cfg = keep_global_batch(cfg, recorded, f"run {cfg.name}")
+    elif prepared.resume_config is not None:
+        cfg = keep_global_batch(cfg, prepared.resume_config, f"--resume-from {cfg.resume_from}")
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
@@ -188,10 +195,11 @@ def build_trainer(
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
         torch_config=TorchConfig(backend=None),
         scaling_config=ScalingConfig(
-            num_workers=cfg.num_workers,
+            num_workers=scaling_workers(cfg),
             use_gpu=cfg.use_gpu,
             resources_per_worker=worker_resources(cfg),
             placement_strategy=cfg.placement_strategy,
+            elastic_resize_monitor_interval_s=cfg.resize_check_s,  # elastic runs only
         ),
         run_config=RunConfig(
             name=cfg.name,
@@ -235,10 +243,12 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
     return {
         "name": cfg.name,
         "run_dir": full(result.path),
-        "world_size": cfg.num_workers,
+        # The workers of the attempt that finished (an elastic run may end on fewer).
+        "world_size": info.get("world_size", cfg.num_workers),
+        "worker_range": list(cfg.worker_range),
         "device": "gpu" if cfg.use_gpu else "cpu",
         "per_worker_batch_size": cfg.batch_size,
-        "accum_steps": cfg.accum_steps,
+        "accum_steps": final_metrics.get("accum_steps", cfg.accum_steps),
         "global_batch_size": cfg.global_batch_size,
         "epochs": cfg.epochs,
         # The worker's own count: a --max-steps stop inside an epoch reports its figures

@@ -142,7 +142,7 @@ BAD_INPUTS = [
     pytest.param(
         ["--num-workers", "2", "--train-samples", "400", "--batch-size", "64"]
         + ["--accum-steps", "8"],
-        "--accum-steps 8 is more than the 4 micro-batches",
+        "--accum-steps 8 makes a global batch of 1024 (64 x 2 workers x 8), more than the 400",
         id="accum-over-shard",
     ),
     pytest.param(["--name", "a/b"], "--name must be a plain directory name", id="name"),
@@ -320,6 +320,7 @@ TRAIN_FLAGS = {
     "--augment",  # added since: issue 12's augmentation policies
     "--task",  # issue 13: your own model, data and loss
     "--resources-per-worker",  # issue 14: custom resources (autoscaled node types)
+    "--resize-check-s",  # issue 15: elastic runs
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",

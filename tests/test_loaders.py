@@ -1,5 +1,5 @@
-"""The resumable sampler and per-sample seeded augmentation behind exact mid-epoch resume,
-and the seeds every stream of a run is drawn from."""
+"""Per-sample seeded augmentation and the global-order batch sampler behind exact
+mid-epoch resume, and the seeds every stream of a run is drawn from."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader, Dataset
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.datasets import build_datasets
-from ray_ddp.loaders import ResumableSampler, SeededSamples
-from ray_ddp.seeding import sample_seed, seed_step_randomness
+from ray_ddp.global_order import GlobalOrderBatches
+from ray_ddp.loaders import SeededSamples
+from ray_ddp.seeding import sample_seed, seed_micro_batch
 
 LARGE_SEED = 2**62
 
@@ -30,26 +31,25 @@ class Noisy(Dataset):
 
 
 def _batches(start: int, epoch: int, workers: int) -> list[torch.Tensor]:
-    sampler = ResumableSampler(
-        Noisy(), batch_size=4, tag_epoch=True, num_replicas=2, rank=1, shuffle=True, seed=5
+    """Rank 1 of 2's micro-batches of 4 (global batch 8) from sample ``start``."""
+    order = GlobalOrderBatches(
+        50, batch_size=4, global_batch=8, seed=5, rank=1, world_size=2, tag_epoch=True
     )
-    sampler.set_position(epoch, start)
+    order.set_position(epoch, start)
     loader = DataLoader(
         SeededSamples(Noisy(), seed=5),
-        batch_size=4,
-        sampler=sampler,
-        drop_last=True,
+        batch_sampler=order,
         num_workers=workers,
         generator=torch.Generator().manual_seed(5),
     )
-    assert len(loader) == 6 - start  # 25 samples for this rank -> 6 full batches
+    assert len(loader) == 7 - start // 8  # 7 steps of 8 (the last one 2 samples short)
     return list(loader)
 
 
 def test_a_resumed_epoch_sees_exactly_the_remaining_batches_with_the_same_randomness():
     whole = _batches(0, epoch=2, workers=0)
     torch.manual_seed(123)  # whatever the global RNG holds, samples do not change
-    assert all(torch.equal(a, b) for a, b in zip(whole[4:], _batches(4, 2, 0), strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(whole[4:], _batches(32, 2, 0), strict=True))
     # ... nor with loader worker processes drawing them
     assert all(torch.equal(a, b) for a, b in zip(whole, _batches(0, 2, 2), strict=True))
     # another epoch: another order and other randomness
@@ -69,14 +69,14 @@ def _draws() -> tuple:
     return torch.rand(2).tolist(), random.random(), float(np.random.random_sample())
 
 
-def test_step_randomness_seeds_torch_python_and_numpy_per_rank():
-    seed_step_randomness(LARGE_SEED, rank=1, epoch=3)
+def test_step_randomness_is_seeded_per_micro_batch_in_torch_python_and_numpy():
+    seed_micro_batch(LARGE_SEED, step=3, micro=1)
     drawn = _draws()
     random.seed(9), np.random.seed(9), torch.manual_seed(9)  # whatever came before
-    seed_step_randomness(LARGE_SEED, rank=1, epoch=3)
+    seed_micro_batch(LARGE_SEED, step=3, micro=1)
     assert _draws() == drawn
-    for other in ({"rank": 0, "epoch": 3}, {"rank": 1, "epoch": 4}):
-        seed_step_randomness(LARGE_SEED, **other)
+    for other in ({"step": 3, "micro": 0}, {"step": 4, "micro": 1}):
+        seed_micro_batch(LARGE_SEED, **other)
         assert all(a != b for a, b in zip(_draws(), drawn, strict=True)), other
 
 
@@ -126,45 +126,11 @@ def test_fetching_a_sample_leaves_the_gpu_generators_alone(folder):
     must not reseed the generators GPU dropout draws from."""
     samples = _augmented(folder, seed=3)
     expected = samples[(2, 5)][0]
-    torch.manual_seed(11)  # as seed_step_randomness does
+    torch.manual_seed(11)  # as seed_micro_batch does
     gpu, cpu = _gpu_generators(), torch.get_rng_state()
     assert torch.equal(samples[(2, 5)][0], expected)
     assert _gpu_generators() == gpu
     assert torch.equal(torch.get_rng_state(), cpu)
-
-
-@pytest.mark.parametrize(("size", "workers", "batch"), [(1000, 4, 128), (50, 2, 4), (49, 2, 8)])
-def test_every_sample_is_trained_every_epoch(size, workers, batch):
-    """No sample is dropped: the ranks' micro-batches (the last one short) cover the whole
-    dataset; the few repeated samples only even out the ranks, and a last micro-batch
-    never holds a single sample (BatchNorm could not train on it)."""
-
-    class Indices(Dataset):
-        def __len__(self) -> int:
-            return size
-
-        def __getitem__(self, index: int) -> int:
-            return index
-
-    seen: list[int] = []
-    lengths = set()
-    for rank in range(workers):
-        sampler = ResumableSampler(
-            Indices(),
-            batch_size=batch,
-            tag_epoch=False,
-            num_replicas=workers,
-            rank=rank,
-            shuffle=True,
-            seed=1,
-        )
-        batches = [b.tolist() for b in DataLoader(Indices(), batch_size=batch, sampler=sampler)]
-        lengths.add(len(batches))
-        assert len(batches[-1]) != 1
-        seen += [i for b in batches for i in b]
-    assert len(lengths) == 1, "every rank runs the same number of steps"
-    assert set(seen) == set(range(size))
-    assert len(seen) - size < 2 * workers  # repeats: to even out ranks and avoid a 1-sample tail
 
 
 def test_the_built_in_data_takes_any_seed_in_range():

@@ -24,9 +24,14 @@ def test_rerun_may_extend_and_relocate_but_not_change_training(tmp_path):
         {"epochs": 20},
         {"max_failures": 3, "checkpoint_every": 50},
         {"num_workers": None},
+        {"num_workers": 1, "accum_steps": 2},  # the same global batch on fewer workers
     ):
         check_rerun(dataclasses.replace(cfg, **fine))
-    for changed, flag in (({"lr": 0.1}, "--lr 0.01 -> 0.1"), ({"num_workers": 4}, "--num-workers")):
+    for changed, flag in (
+        ({"lr": 0.1}, "--lr 0.01 -> 0.1"),
+        ({"num_workers": 4}, "global batch 128 -> 256"),
+        ({"accum_steps": 2}, "global batch 128 -> 256"),
+    ):
         with pytest.raises(ConfigError, match=flag):
             check_rerun(dataclasses.replace(cfg, **changed))
     check_rerun(dataclasses.replace(cfg, lr=0.1, allow_config_change=True))
@@ -44,6 +49,10 @@ HAND_WRITTEN = {
     "wait_for_resources",
     # Which nodes' resources the workers ask for (where they run), not what is trained.
     "resources_per_worker",
+    # Issue 15: the global batch is what is trained (compared on its own), not the worker
+    # count or the accumulation that make it; elastic settings; testing aids.
+    "num_workers", "accum_steps", "min_workers", "resize_check_s", "stall_step", "stall_rank",
+    "stall_s", "sample_ledger",
 }  # fmt: skip
 
 
@@ -71,7 +80,10 @@ def test_a_rerun_may_change_exactly_the_resume_safe_fields(tmp_path):
         if f.name in ("name", "storage_path"):  # they say which record is read
             continue
         rerun = dataclasses.replace(cfg, **{f.name: _other(getattr(cfg, f.name))})
-        if f.name in RESUME_SAFE:
+        if f.name in ("num_workers", "accum_steps"):  # they make the global batch
+            with pytest.raises(ConfigError, match="global batch 64 -> 128"):
+                check_rerun(rerun)
+        elif f.name in RESUME_SAFE:
             check_rerun(rerun)
         else:
             with pytest.raises(ConfigError, match=f"--{f.name.replace('_', '-')} "):

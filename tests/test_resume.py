@@ -1,13 +1,13 @@
 """Restoring a checkpoint's training state into a new run (no Ray cluster needed): the
-flags win over the saved hyperparameters, the schedule follows the epochs done when the
-world size changes, and a precision change does not crash the scaler."""
+flags win over the saved hyperparameters, another world size continues the same schedule
+and says how the global batch is kept, another global batch continues the schedule at the
+epochs done, and a precision change does not crash the scaler."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ray_ddp.checkpoint import capture_rng
 from ray_ddp.config import TrainConfig
 from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler, lr_factor
@@ -42,7 +42,7 @@ def _saved(cfg: TrainConfig, epochs_done: int, world: int) -> Restored:
             "scaler": state.scaler.state_dict(),
             "progress": progress.__dict__,
             "config": cfg.to_dict(),
-            "rng": [capture_rng()] * world,
+            "world_size": world,
             "epoch_partial": [[0.0, 0]] * world,
         },
         "saved-checkpoint",
@@ -56,6 +56,7 @@ def _worker(world: int = 2) -> Worker:
 def test_the_flags_hyperparameters_replace_the_saved_ones_and_are_named(capsys):
     old = TrainConfig(lr=3e-3, weight_decay=0.01, optimizer="sgd", momentum=0.9, epochs=4)
     new = TrainConfig(lr=1e-5, weight_decay=0.05, optimizer="sgd", momentum=0.5, epochs=4)
+    old.num_workers = new.num_workers = 2
     state = _state(new)
     restore_training(_saved(old, 2, world=2), state, _worker(), new, STEPS_PER_EPOCH)
     group = state.optimizer.param_groups[0]
@@ -68,7 +69,7 @@ def test_the_flags_hyperparameters_replace_the_saved_ones_and_are_named(capsys):
 
 
 def test_an_unchanged_config_resumes_with_the_saved_lr_to_the_bit():
-    cfg = TrainConfig(epochs=4)
+    cfg = TrainConfig(epochs=4, num_workers=2)
     restored = _saved(cfg, 1, world=2)
     state = _state(cfg)
     restore_training(restored, state, _worker(), cfg, STEPS_PER_EPOCH)
@@ -77,15 +78,40 @@ def test_an_unchanged_config_resumes_with_the_saved_lr_to_the_bit():
     assert state.scheduler.last_epoch == STEPS_PER_EPOCH
 
 
-@pytest.mark.parametrize(("saved_world", "world"), [(2, 4), (4, 2)])
-def test_another_world_size_continues_the_schedule_at_the_epochs_done(saved_world, world):
-    """5 of 10 epochs done: the schedule resumes half way, whatever the world size (the
-    raw step count would put it at a quarter with 2 -> 4 workers, at the end with 4 -> 2)."""
-    cfg = TrainConfig(epochs=10)
+@pytest.mark.parametrize(
+    ("saved_world", "world", "words"), [(2, 1, "lost 1 worker"), (2, 4, "gained 2 workers")]
+)
+def test_another_world_size_continues_the_same_schedule_and_says_so(
+    saved_world, world, words, capsys
+):
+    """The global batch is kept across world sizes, so the steps per epoch, the schedule
+    and the saved lr carry on unchanged; the line says what changed."""
+    cfg = TrainConfig(epochs=10, num_workers=4, batch_size=8)
     restored = _saved(cfg, 5, world=saved_world)
-    steps_now = STEPS_PER_EPOCH * saved_world // world  # fewer steps per epoch with more workers
+    state = _state(cfg)
+    restore_training(restored, state, _worker(world), cfg, STEPS_PER_EPOCH)
+    assert state.scheduler.last_epoch == 5 * STEPS_PER_EPOCH
+    saved_lr = restored.state["optimizer"]["param_groups"][0]["lr"]
+    assert state.optimizer.param_groups[0]["lr"] == saved_lr
+    line = capsys.readouterr().out
+    accum = {1: 4, 2: 2, 4: 1}
+    assert (
+        f"{words} since the checkpoint: continuing on {world} "
+        f"{'worker' if world == 1 else 'workers'}, accumulation "
+        f"{accum[saved_world]} -> {accum[world]}, global batch 32 kept, same data order"
+    ) in line
+
+
+def test_another_global_batch_continues_the_schedule_at_the_epochs_done():
+    """5 of 10 epochs done with a global batch of 64, continued (--allow-config-change)
+    with 128: half as many steps per epoch, and the schedule resumes half way, not at the
+    raw step count (which would put it at the end)."""
+    saved_cfg = TrainConfig(epochs=10, num_workers=2, batch_size=32)
+    cfg = TrainConfig(epochs=10, num_workers=2, batch_size=64)
+    restored = _saved(saved_cfg, 5, world=2)
+    steps_now = STEPS_PER_EPOCH // 2
     state = TrainState(*_scaled(cfg, steps_now * 10))
-    restore_training(restored, state, _worker(world), cfg, steps_now)
+    restore_training(restored, state, _worker(2), cfg, steps_now)
     assert state.scheduler.last_epoch == 5 * steps_now
     warmup = max(1, round(0.05 * steps_now * 10))
     expected = cfg.lr * lr_factor(5 * steps_now, warmup, steps_now * 10, cfg.min_lr_ratio)
@@ -106,7 +132,7 @@ def _scaled(cfg: TrainConfig, total_steps: int):
 def test_fp16_resumes_a_checkpoint_saved_without_a_scaler(capsys):
     """An off/bf16 run saves a disabled scaler's empty state, which an enabled GradScaler
     refuses; the fp16 run starts from the initial loss scale instead of crashing."""
-    cfg = TrainConfig(epochs=2)
+    cfg = TrainConfig(epochs=2, num_workers=2)
     restored = _saved(cfg, 1, world=2)
     assert restored.state["scaler"] == {}
     enabled = torch.amp.GradScaler("cpu", enabled=True)

@@ -1,0 +1,164 @@
+"""The order an epoch trains its samples in, the same whatever the world size.
+
+This is what makes a run exact across a change in the number of workers (a lost node, a
+grown group, a resume on fewer GPUs). The unit is the optimizer step, not the worker:
+
+- each epoch is one seeded permutation of the whole training set (``seed + epoch``, as
+  DistributedSampler seeds it), the same on every rank and at every world size;
+- the permutation is cut into micro-batches of ``--batch-size`` consecutive samples (a
+  last micro-batch of one sample joins the one before it: BatchNorm cannot train on one);
+- every ``global_batch / batch_size`` consecutive micro-batches make one optimizer step,
+  whatever the world size: at ``W`` workers each rank trains ``global_batch / (batch_size
+  * W)`` of them (its accumulation), rank ``r`` taking micro-batches ``r, r + W, ...``;
+- a position in the epoch is a number of samples of the permutation (a step boundary), so
+  any world size resumes from exactly there, every remaining sample once.
+
+The step's gradient is the mean over its samples however they are spread: each micro-batch
+weighs by its share of the step's samples. The epoch's last step may hold fewer
+micro-batches than there are slots; a rank with an empty slot trains a *filler* (the
+step's first micro-batch again) with weight 0, because every rank must take part in the
+gradient all-reduce. Micro-batch contents do not depend on the world size either, so
+BatchNorm's batch statistics in training do not; its running statistics (buffers, not
+weights) follow the micro-batches rank 0 sees, which do.
+
+No Ray and no DataLoader here: :class:`GlobalOrderBatches` is the batch sampler a
+DataLoader draws from, and the training loop reads the same :class:`Slot` list to weigh
+each micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-batch a rank trains, in the order it trains them."""
+
+    indices: list[int]
+    """Dataset indices (a filler's are its step's first micro-batch's)."""
+    step: int
+    """The optimizer step of the epoch it belongs to (0-based from the epoch's start)."""
+    micro: int
+    """Its micro-batch number within the step (the same at any world size; a filler's is
+    past the step's last)."""
+    boundary: bool
+    """This rank's last micro-batch of the step: its backward all-reduces the gradients."""
+    step_samples: int
+    """Samples of the whole step, all ranks together."""
+    filler: bool = False
+    """Trained with weight 0 (an empty slot of the epoch's last step)."""
+
+    @property
+    def size(self) -> int:
+        """Samples it contributes (0 for a filler)."""
+        return 0 if self.filler else len(self.indices)
+
+
+def accumulation(global_batch: int, batch_size: int, world_size: int) -> int:
+    """Micro-batches each of ``world_size`` ranks trains per optimizer step."""
+    per_step, rest = divmod(global_batch, batch_size * world_size)
+    if rest or not per_step:
+        raise ValueError(
+            f"a global batch of {global_batch} is not a whole number of micro-batches of "
+            f"{batch_size} on each of {world_size} workers"
+        )
+    return per_step
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Epoch ``epoch``'s micro-batches and steps from sample ``start`` of its order."""
+
+    size: int
+    """Training samples."""
+    batch_size: int
+    global_batch: int
+    seed: int
+    epoch: int
+    start: int = 0
+
+    @property
+    def micro_per_step(self) -> int:
+        return self.global_batch // self.batch_size
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """Each micro-batch's [begin, end) in the epoch's order, from ``start`` on."""
+        starts = list(range(self.start, self.size, self.batch_size))
+        ends = starts[1:] + [self.size]
+        if len(starts) > 1 and ends[-1] - starts[-1] == 1:  # a 1-sample tail joins its neighbour
+            starts.pop()
+            ends.pop(-2)
+        return list(zip(starts, ends, strict=True))
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps from ``start`` to the epoch's end."""
+        return -(-len(self.bounds()) // self.micro_per_step)
+
+    def step_start(self, step: int) -> int:
+        """The position (samples of the order) where step ``step`` begins; the epoch's size
+        past its last step."""
+        bounds = self.bounds()
+        first = step * self.micro_per_step
+        return bounds[first][0] if first < len(bounds) else self.size
+
+    def order(self) -> list[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def slots(self, rank: int, world_size: int) -> list[Slot]:
+        """What rank ``rank`` of ``world_size`` trains, step by step."""
+        accum = accumulation(self.global_batch, self.batch_size, world_size)
+        order, bounds, per_step = self.order(), self.bounds(), self.micro_per_step
+        slots = []
+        for step in range(self.steps):
+            micro = bounds[step * per_step : (step + 1) * per_step]
+            samples = micro[-1][1] - micro[0][0]
+            for turn in range(accum):
+                number = turn * world_size + rank
+                begin, end = micro[number] if number < len(micro) else micro[0]
+                slots.append(
+                    Slot(
+                        indices=order[begin:end],
+                        step=step,
+                        micro=number,
+                        boundary=turn == accum - 1,
+                        step_samples=samples,
+                        filler=number >= len(micro),
+                    )
+                )
+        return slots
+
+
+class GlobalOrderBatches:
+    """A DataLoader ``batch_sampler`` yielding one rank's micro-batches of an
+    :class:`EpochPlan`; ``tag_epoch`` makes each index ``(epoch, index)`` for seeded
+    augmentation (``loaders.SeededSamples``)."""
+
+    def __init__(
+        self, size: int, *, batch_size: int, global_batch: int, seed: int, rank: int,
+        world_size: int, tag_epoch: bool,
+    ) -> None:  # fmt: skip
+        self.size, self.batch_size, self.global_batch = size, batch_size, global_batch
+        self.seed, self.rank, self.world_size, self.tag_epoch = seed, rank, world_size, tag_epoch
+        self.set_position(0, 0)
+
+    def set_position(self, epoch: int, start: int) -> None:
+        """The coming pass is epoch ``epoch`` from sample ``start`` of its order."""
+        self.plan = EpochPlan(
+            self.size, self.batch_size, self.global_batch, self.seed, epoch, start
+        )
+        self.slots = self.plan.slots(self.rank, self.world_size)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        epoch = self.plan.epoch
+        for slot in self.slots:
+            yield [(epoch, i) for i in slot.indices] if self.tag_epoch else list(slot.indices)
+
+    def __len__(self) -> int:
+        return len(self.slots)
