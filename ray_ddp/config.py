@@ -144,11 +144,13 @@ class TrainConfig:
     is withdrawn when the wait ends), with a progress line every 10 s. 0: refuse at once,
     with what was asked and what exists. A request no node (up, or of a node type the
     autoscaler may start) can hold is refused at once whatever this says."""
-    max_failures: int = option(
-        0, bound=Bound("must be -1 (no limit) or more", lambda v: v >= -1), resume_safe=True
+    max_failures: int | None = option(
+        None, bound=Bound("must be -1 (no limit) or more", lambda v: v >= -1), resume_safe=True
     )
     """After a worker or node is lost, restart all workers from the latest checkpoint, up
-    to this many times (-1: without limit)."""
+    to this many times (-1: without limit). Auto: 0 with a fixed number of workers; -1 for
+    an elastic run (``--num-workers MIN-MAX``), whose lost workers are what it is for (a
+    failure that repeats itself identically still stops it)."""
 
     # --- optimisation ---
     epochs: int = option(10, bound=POSITIVE, resume_safe=True)
@@ -290,12 +292,17 @@ class TrainConfig:
     """Testing aid: the rank whose loss ``inject_nan_step`` turns into NaN."""
     stall_step: int | None = option(None, resume_safe=True, cli=False)
     """Testing aid: rank ``stall_rank`` stops at this optimizer step, once per run: it
-    writes ``<run>/stalled-rank-<rank>`` and sleeps ``stall_s`` seconds (a node about to be
-    lost, a hang)."""
+    writes ``<run>/stalled-rank-<rank>`` (its step and pid) and sleeps ``stall_s`` seconds
+    (a node about to be lost, a hang)."""
     stall_rank: int = option(0, resume_safe=True, cli=False)
     """Testing aid: the rank ``stall_step`` stops."""
     stall_s: float = option(3600.0, resume_safe=True, cli=False)
     """Testing aid: how long ``stall_step`` sleeps."""
+    slow_step_s: float = option(0.0, resume_safe=True, cli=False)
+    """Testing aid: every optimizer step of rank ``slow_rank`` (None: of every rank) takes
+    this many seconds longer."""
+    slow_rank: int | None = option(None, resume_safe=True, cli=False)
+    """Testing aid: the rank ``slow_step_s`` slows (None: all)."""
     sample_ledger: bool = option(False, resume_safe=True, cli=False)
     """Testing aid: rank 0 writes every epoch's trained samples, step by step and from
     every rank, to ``<run>/ledger/epoch-<N>.csv`` (the epoch's part before a mid-epoch
@@ -330,6 +337,13 @@ class TrainConfig:
     @property
     def elastic(self) -> bool:
         return self.min_workers is not None and self.min_workers != self.num_workers
+
+    @property
+    def failures_allowed(self) -> int:
+        """``max_failures`` resolved: what Ray Train's ``FailureConfig`` gets."""
+        if self.max_failures is not None:
+            return self.max_failures
+        return -1 if self.elastic else 0
 
 
 def validate(cfg: TrainConfig) -> None:

@@ -29,6 +29,41 @@ def note_step(error: BaseException, step: int) -> None:
         error.add_note(f"{STEP_NOTE} {step}")
 
 
+# What Ray raises for a rank whose process or node is gone (by name: the classes live in
+# ray.exceptions and Ray Train's internals).
+_LOST = ("ActorDiedError", "ActorUnavailableError", "WorkerHealthCheckFailedError")
+
+
+def failure_line(worker_exceptions: dict[int, BaseException]) -> str:
+    """One line on an attempt's failure, printed by Ray Train's controller: which ranks
+    were lost and which failed, and the optimizer step the survivors were at."""
+    lost = sorted(r for r, e in worker_exceptions.items() if type(e).__name__ in _LOST)
+    failed = sorted(r for r in worker_exceptions if r not in lost)
+    steps = [step_of(e) for e in worker_exceptions.values()]
+    known = [s for s in steps if s is not None]
+    parts = []
+    if lost:
+        parts.append(
+            f"lost rank{'s' if len(lost) > 1 else ''} {_ranks(lost)} (process or node gone)"
+        )
+    if failed:
+        parts.append(f"rank{'s' if len(failed) > 1 else ''} {_ranks(failed)} raised")
+    where = f" at optimizer step {max(known)}" if known else ""
+    return f"attempt failed{where}: {'; '.join(parts)}"
+
+
+def _ranks(ranks: list[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+def step_of(error: BaseException) -> int | None:
+    """The optimizer step :func:`note_step` marked ``error`` with, if any."""
+    for note in getattr(error, "__notes__", []):
+        if note.startswith(STEP_NOTE):
+            return int(note.removeprefix(STEP_NOTE))
+    return None
+
+
 def failure_signature(error: BaseException) -> str:
     """What identifies a failure across attempts: the exception's type, message and the
     step note (Ray Train hands the controller the worker's own exception object)."""
@@ -52,6 +87,7 @@ def stop_hopeless_retries():
             self.seen: Counter[str] = Counter()
 
         def after_exception(self, run_context, worker_exceptions) -> None:
+            print(failure_line(worker_exceptions), flush=True)
             for error in worker_exceptions.values():
                 message = nonfinite_loss(error)
                 if message:

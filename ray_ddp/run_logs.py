@@ -28,6 +28,7 @@ TB_DIR = "tensorboard"
 CSV_FIELDS = (
     "epoch", "step", "train_loss", "lr", "samples_per_s", "epoch_s",
     "speed_max_min", "memory_max_min", "peak_memory_mb",
+    "world_size", "accum_steps",  # an elastic run's epochs may differ
 )  # fmt: skip
 
 
@@ -87,6 +88,7 @@ class RunLogs:
                 "train_loss",
                 *(k for k in metrics if k.startswith("val_")),
                 "samples_per_s",
+                *(k for k in ("world_size", "accum_steps") if k in metrics),
             ):
                 self.writer.add_scalar(f"epoch/{key}", metrics[key], epoch)
             for row in per_rank:

@@ -11,7 +11,6 @@ any, is torch.distributed's.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from collections.abc import Iterable
@@ -20,6 +19,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ray_ddp import fault_injection as faults
 from ray_ddp import reporting
 from ray_ddp.collectives import world_size
 from ray_ddp.config import TrainConfig
@@ -116,7 +116,7 @@ def train_epoch(
             seed_micro_batch(cfg.seed, progress.step + 1, slot.micro)
             with autocast(cfg.amp, device):
                 loss = task.loss(model, batch).float()
-            loss = _inject_fault(cfg, loss, progress.step + 1, guard.rank)
+            loss = faults.poison_loss(cfg, loss, progress.step + 1, guard.rank)
             guard.observe(loss, progress.step + 1, f"epoch {plan.epoch + 1}, step {slot.step + 1}")
             # The step's gradient is the mean over all its samples, however the ranks and
             # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
@@ -130,7 +130,8 @@ def train_epoch(
             if ledger is not None:
                 ledger.extend((progress.step + 1, i) for i in slot.indices)
         if slot.boundary:
-            _stall(cfg, guard.rank, progress.step + 1)
+            faults.stall(cfg, guard.rank, progress.step + 1)
+            faults.slow_down(cfg, guard.rank)
             if cfg.grad_clip > 0:
                 state.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -202,24 +203,3 @@ def _print_progress(
         + "\n"
     )
     sys.stdout.flush()
-
-
-def _stall(cfg: TrainConfig, rank: int, step: int) -> None:
-    """Testing aid (``TrainConfig.stall_step``): rank ``stall_rank`` stops at one optimizer
-    step, once per run, announcing it in ``<run>/stalled-rank-<rank>``."""
-    if cfg.stall_step != step or cfg.stall_rank != rank:
-        return
-    marker = os.path.join(cfg.storage_path, cfg.name or "", f"stalled-rank-{rank}")
-    if os.path.exists(marker):
-        return
-    with open(marker, "w") as file:
-        file.write(f"{step}\n")
-    time.sleep(cfg.stall_s)
-
-
-def _inject_fault(cfg: TrainConfig, loss: torch.Tensor, step: int, rank: int) -> torch.Tensor:
-    """Testing aid (``TrainConfig.inject_nan_step``/``inject_nan_rank``): turn one rank's
-    loss at one optimizer step into NaN, the way a diverging model would."""
-    if cfg.inject_nan_step != step or cfg.inject_nan_rank != rank:
-        return loss
-    return loss * float("nan")

@@ -165,6 +165,12 @@ BAD_INPUTS = [
         id="rerun-other-config",
     ),
     pytest.param(["--name", "garbled", *KEPT], "is not readable JSON", id="rerun-garbled-record"),
+    pytest.param(
+        ["--num-workers", "2-3"],
+        "--num-workers 2-3 cannot keep the global batch of 192 (64 x 3 workers x 1) on 2 workers",
+        id="elastic-range-breaks-global-batch",
+    ),
+    pytest.param(["--num-workers", "3-2"], "need 1 <= MIN <= MAX", id="elastic-range-reversed"),
 ]
 
 
@@ -335,7 +341,7 @@ EVALUATE_FLAGS = {
 
 def test_every_flag_keeps_its_name():
     assert _options(train_parser()) == TRAIN_FLAGS
-    not_swept = {"--lr", "--allow-config-change", "--checkpoint-every"}
+    not_swept = {"--lr", "--allow-config-change", "--checkpoint-every", "--resize-check-s"}
     assert _options(tune_parser()) == (TRAIN_FLAGS - not_swept) | SWEEP_FLAGS
     assert _options(evaluate_parser()) == EVALUATE_FLAGS
 
@@ -389,6 +395,9 @@ def test_every_train_field_has_a_flag_that_sets_it():
     cfg = from_args(TrainConfig, train_parser().parse_args(argv))
     assert cfg == dataclasses.replace(TrainConfig(), **values)
     internal = {"progress_interval_s", "log_prefix", "inject_nan_step", "inject_nan_rank"}
+    internal |= {"stall_step", "stall_rank", "stall_s", "sample_ledger", "slow_step_s"}
+    internal |= {"slow_rank"}  # testing aids
+    internal |= {"min_workers"}  # set by --num-workers MIN-MAX
     assert set(values) | internal == {f.name for f in dataclasses.fields(TrainConfig)}
     # The off switches of the tri-state flags, and a strategy in lower case.
     args = train_parser().parse_args(

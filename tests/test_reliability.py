@@ -2,10 +2,11 @@
 
 The reference is an uninterrupted run. Runs that lose a worker (resumed by --max-failures)
 or are stopped and re-run with the same --name must end with bit-identical weights, which
-needs the mid-epoch checkpoints (--checkpoint-every) to carry the exact data position and
-every rank's RNG. Faults are timed by what the Ray Train controller has registered (its
-checkpoint snapshot file), since a worker lost within Ray's 2 s poll of a report may
-restart from the checkpoint before it; either way the result must be the same.
+needs the mid-epoch checkpoints (--checkpoint-every) to carry the exact data position (the
+step's randomness is seeded per micro-batch, so no RNG state is needed). Faults are timed
+by what the Ray Train controller has registered (its checkpoint snapshot file), since a
+worker lost within Ray's 2 s poll of a report may restart from the checkpoint before it;
+either way the result must be the same.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, referenc
     resumed = [line for line in driver.lines if line.startswith("resumed from")]
     assert len(resumed) == 2, resumed
     # Both resumed inside an epoch: from the data position, not the epoch's start.
-    assert all("micro-batches into epoch" in line for line in resumed), resumed
+    assert all("samples into epoch" in line for line in resumed), resumed
     assert "into epoch 1" in resumed[0] and "into epoch 2" in resumed[1], resumed
     for line, registered in zip(resumed, (first, second), strict=True):  # what each loss cost
         done = int(re.search(r"(\d+) steps done", line).group(1))

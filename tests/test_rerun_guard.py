@@ -52,7 +52,7 @@ HAND_WRITTEN = {
     # Issue 15: the global batch is what is trained (compared on its own), not the worker
     # count or the accumulation that make it; elastic settings; testing aids.
     "num_workers", "accum_steps", "min_workers", "resize_check_s", "stall_step", "stall_rank",
-    "stall_s", "sample_ledger",
+    "stall_s", "sample_ledger", "slow_step_s", "slow_rank",
 }  # fmt: skip
 
 

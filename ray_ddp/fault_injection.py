@@ -1,0 +1,51 @@
+"""Testing aids: faults a test asks a run for through typed ``TrainConfig`` fields (no
+flags), so that the recovery code meets the real thing in a real run. Each does nothing
+unless its field is set.
+
+- ``inject_nan_step`` / ``inject_nan_rank``: one rank's loss turns NaN at one step, the
+  way a diverging model's does;
+- ``stall_step`` / ``stall_rank`` / ``stall_s``: one rank stops at one step, once per run
+  (a node about to be lost, a hang), and says so in a file the test waits for;
+- ``slow_step_s`` / ``slow_rank``: every optimizer step of a rank (or of all) takes this
+  much longer, so a test has time to act while training goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ray_ddp.config import TrainConfig
+
+
+def poison_loss(cfg: TrainConfig, loss: torch.Tensor, step: int, rank: int) -> torch.Tensor:
+    """``loss``, or NaN on rank ``inject_nan_rank`` at optimizer step ``inject_nan_step``."""
+    if cfg.inject_nan_step != step or cfg.inject_nan_rank != rank:
+        return loss
+    return loss * float("nan")
+
+
+def stall_marker(cfg: TrainConfig, rank: int) -> str:
+    """The file a stalled rank writes (``<run>/stalled-rank-<rank>``: its step and pid)."""
+    return os.path.join(cfg.storage_path, cfg.name or "", f"stalled-rank-{rank}")
+
+
+def stall(cfg: TrainConfig, rank: int, step: int) -> None:
+    """At optimizer step ``stall_step``, rank ``stall_rank`` writes its marker and sleeps
+    ``stall_s`` seconds; not again once the marker exists (a restarted run goes on)."""
+    if cfg.stall_step != step or cfg.stall_rank != rank:
+        return
+    marker = stall_marker(cfg, rank)
+    if os.path.exists(marker):
+        return
+    with open(marker, "w") as file:
+        file.write(f"{step} {os.getpid()}\n")
+    time.sleep(cfg.stall_s)
+
+
+def slow_down(cfg: TrainConfig, rank: int) -> None:
+    """After each optimizer step: sleep ``slow_step_s`` on rank ``slow_rank`` (None: all)."""
+    if cfg.slow_step_s and cfg.slow_rank in (None, rank):
+        time.sleep(cfg.slow_step_s)

@@ -1,0 +1,51 @@
+"""What the exactness tests compare: the sample ledger a run writes with the testing aid
+``sample_ledger``, and final weights.
+
+Weight tolerance: two runs of one optimisation at different world sizes add the same
+numbers in different places. At 2 workers each rank back-propagates its micro-batch's
+mean loss and DDP's all-reduce averages the two gradients, (g0 + g1) / 2; at 1 worker the
+two micro-batches' losses are weighted by 1/2 and their gradients accumulate, g0 / 2 +
+g1 / 2. Halving is exact in binary floating point and a sum of two numbers does not
+depend on their order, so on these CPU kernels the weights come out bit-identical; world
+sizes that are not powers of two (thirds) would round differently. The assertion allows
+1e-6 relative and prints the largest difference seen.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from collections import defaultdict
+
+import torch
+
+
+def ledger(run_dir: str) -> dict[int, dict[int, list[int]]]:
+    """epoch -> optimizer step -> the sample indices trained in it."""
+    epochs: dict[int, dict[int, list[int]]] = {}
+    for name in sorted(os.listdir(os.path.join(run_dir, "ledger"))):
+        steps: dict[int, list[int]] = defaultdict(list)
+        with open(os.path.join(run_dir, "ledger", name)) as file:
+            for row in csv.DictReader(file):
+                steps[int(row["step"])].append(int(row["index"]))
+        epochs[int(name.removeprefix("epoch-").removesuffix(".csv"))] = dict(steps)
+    return epochs
+
+
+def assert_every_sample_once(epochs: dict[int, dict[int, list[int]]], size: int) -> None:
+    for epoch, steps in epochs.items():
+        trained = sorted(i for indices in steps.values() for i in indices)
+        assert trained == list(range(size)), f"epoch {epoch}: not every sample exactly once"
+
+
+def max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(
+        float((a[k].double() - b[k].double()).abs().max()) for k in a if a[k].is_floating_point()
+    )
+
+
+def assert_same_weights(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    print(f"largest weight difference: {max_difference(a, b):.3g}")  # with pytest -s
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], rtol=1e-6, atol=1e-7, msg=key)

@@ -1,0 +1,93 @@
+"""The worker count as a way to run a training (no Ray): an elastic range is refused
+unless every count in it keeps the global batch, and a re-run on another count keeps the
+run's global batch by changing the accumulation, or is refused when it cannot."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from ray_ddp.cli import train_config, train_parser
+from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.world_size import keep_global_batch, scaling_workers
+
+
+def _parsed(*argv: str) -> TrainConfig:
+    return train_config(train_parser().parse_args(list(argv)))
+
+
+def test_num_workers_min_max_makes_an_elastic_config():
+    cfg = _parsed("--num-workers", "2-4", "--accum-steps", "3")
+    assert (cfg.min_workers, cfg.num_workers) == (2, 4)
+    assert cfg.elastic and cfg.worker_range == (2, 4)
+    validate(cfg)  # 4 x 3 = 12 micro-batches per step: 2, 3 and 4 workers divide it
+    assert scaling_workers(cfg) == (2, 4)
+    fixed = _parsed("--num-workers", "3")
+    assert not fixed.elastic and scaling_workers(fixed) == 3
+    assert not _parsed("--num-workers", "2-2").elastic
+
+
+@pytest.mark.parametrize(
+    ("workers", "accum", "message"),
+    [
+        ("2-3", 1, re.escape("the global batch of 192 (64 x 3 workers x 1) on 2 workers")),
+        ("2-3", 1, "Use --accum-steps 2"),
+        ("1-4", 1, "on 3 workers.*Use --accum-steps 3"),
+        ("3-8", 2, "on 3 workers.*Use --accum-steps 105"),
+        ("4-2", 1, "need 1 <= MIN <= MAX"),
+    ],
+)
+def test_a_range_that_cannot_keep_the_global_batch_is_refused(workers, accum, message):
+    cfg = _parsed("--num-workers", workers, "--accum-steps", str(accum))
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+@pytest.mark.parametrize("suggested", [2, 3, 105])
+def test_the_suggested_accumulation_keeps_every_count(suggested):
+    """The accumulation a refusal suggests works (and is the smallest that does)."""
+    ranges = {2: (2, 3), 3: (1, 4), 105: (3, 8)}
+    low, high = ranges[suggested]
+    for accum in range(1, suggested + 1):
+        cfg = TrainConfig(num_workers=high, min_workers=low, accum_steps=accum)
+        if accum < suggested:
+            with pytest.raises(ConfigError):
+                validate(cfg)
+        else:
+            validate(cfg)
+
+
+SAVED = TrainConfig(num_workers=2, batch_size=32, accum_steps=2).to_dict()  # global 128
+
+
+def test_a_rerun_on_fewer_or_more_workers_keeps_the_global_batch(capsys):
+    fewer = keep_global_batch(
+        TrainConfig(num_workers=1, batch_size=32, accum_steps=2), SAVED, "run r"
+    )
+    assert (fewer.accum_steps, fewer.global_batch_size) == (4, 128)
+    more = keep_global_batch(
+        TrainConfig(num_workers=4, batch_size=32, accum_steps=2), SAVED, "run r"
+    )
+    assert (more.accum_steps, more.global_batch_size) == (1, 128)
+    out = capsys.readouterr().out
+    assert "run r continues on 1 worker: accumulation 2 -> 4 keeps its global batch of 128" in out
+    assert "run r continues on 4 workers: accumulation 2 -> 1" in out
+
+
+def test_a_count_that_cannot_make_the_global_batch_is_refused():
+    with pytest.raises(
+        ConfigError, match="which 3 workers of --batch-size 32 cannot make: use 1, 2, 4 workers"
+    ):
+        keep_global_batch(TrainConfig(num_workers=3, batch_size=32, accum_steps=2), SAVED, "run r")
+
+
+def test_a_changed_batch_is_left_to_the_rerun_guard():
+    """A re-run that also changes --batch-size or --accum-steps asks for another training:
+    it is not rewritten (the guard refuses it without --allow-config-change)."""
+    for cfg in (
+        TrainConfig(num_workers=1, batch_size=64, accum_steps=2),
+        TrainConfig(num_workers=1, batch_size=32, accum_steps=8),
+        TrainConfig(num_workers=2, batch_size=32, accum_steps=2),  # nothing changed
+    ):
+        assert keep_global_batch(cfg, SAVED, "run r") == cfg
