@@ -142,7 +142,8 @@ class Task(abc.ABC):
 
     def batch_size(self, batch: Batch) -> int:
         """The number of samples in ``batch`` (default: the first tensor's first
-        dimension), by which micro-batches are weighed."""
+        dimension), by which evaluation counts its samples. (Training weighs each
+        micro-batch by the dataset samples the data order put in it.)"""
         tensor = _first_tensor(batch)
         if tensor is None or tensor.dim() == 0:
             raise TypeError(

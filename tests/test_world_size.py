@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from ray_ddp.cli import train_config, train_parser
+from ray_ddp.cli import train_config, train_parser, tune_main
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.world_size import keep_global_batch, scaling_workers
 
@@ -91,3 +91,11 @@ def test_a_changed_batch_is_left_to_the_rerun_guard():
         TrainConfig(num_workers=2, batch_size=32, accum_steps=2),  # nothing changed
     ):
         assert keep_global_batch(cfg, SAVED, "run r") == cfg
+
+
+def test_an_elastic_run_retries_without_limit_unless_told_and_sweeps_refuse_it(capsys):
+    assert TrainConfig(num_workers=2).failures_allowed == 0
+    assert TrainConfig(num_workers=2, min_workers=1).failures_allowed == -1
+    assert TrainConfig(num_workers=2, min_workers=1, max_failures=3).failures_allowed == 3
+    assert tune_main(["--num-workers", "1-2"]) == 2
+    assert "a sweep's trials take a fixed --num-workers" in capsys.readouterr().err
