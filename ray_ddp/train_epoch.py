@@ -113,7 +113,7 @@ def train_epoch(
             if tools.channels_last:
                 batch = map_tensors(batch, _channels_last)
             # Dropout and the like follow the micro-batch, whichever rank trains it.
-            seed_micro_batch(cfg.seed, progress.step + 1, slot.micro)
+            seed_micro_batch(cfg.seed, progress.step + 1, slot.micro, device)
             with autocast(cfg.amp, device):
                 loss = task.loss(model, batch).float()
             loss = faults.poison_loss(cfg, loss, progress.step + 1, guard.rank)

@@ -16,10 +16,10 @@ from __future__ import annotations
 import csv
 import os
 import re
-import threading
 import time
 
 import pytest
+from background import BackgroundRun
 from ledgers import assert_every_sample_once, assert_same_weights, ledger
 
 from ray_ddp.checkpoint import load_state
@@ -85,14 +85,14 @@ def _stalled_pid(marker: str) -> int | None:
     return int(words[1]) if len(words) == 2 else None
 
 
-def _until(what: str, check, outcome: dict, timeout: float = 240.0):
+def _until(what: str, check, run: BackgroundRun, timeout: float = 240.0):
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and "summary" not in outcome and "error" not in outcome:
+    while time.monotonic() < deadline and run.running:
         value = check()
         if value:
             return value
         time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}: {outcome.get('error', '')}")
+    raise AssertionError(f"timed out waiting for {what}: {run.error}")
 
 
 def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
@@ -121,39 +121,27 @@ def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
         name="elastic",
         **RUN,
     )
-    outcome: dict = {}
-
-    def fit() -> None:
-        try:
-            outcome["summary"] = run_training(cfg)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertions below
-            outcome["error"] = exc
-
     started = time.monotonic()
     timeline = []
 
     def note(event: str) -> None:
         timeline.append(f"{time.monotonic() - started:6.1f} s  {event}")
 
-    thread = threading.Thread(target=fit)
-    thread.start()
-    pid = _until("rank 1 to stall", lambda: _stalled_pid(stall_marker(cfg, rank=1)), outcome)
+    run = BackgroundRun(cfg)
+    pid = _until("rank 1 to stall", lambda: _stalled_pid(stall_marker(cfg, rank=1)), run)
     note(f"rank 1 stalled at step {STALL_STEP}")
     workers = list_actors(address=ray_cluster.address, filters=[("pid", "=", pid)])
     victim = next(n for n in nodes if n.node_id == workers[0].node_id)
     ray_cluster.remove_node(victim)
     note("rank 1's node removed")
     run_dir = os.path.join(storage, "elastic")
-    _until("the 1-worker group to checkpoint", lambda: _registered_step(run_dir) >= 30, outcome)
+    _until("the 1-worker group to checkpoint", lambda: _registered_step(run_dir) >= 30, run)
     note(f"1 worker: checkpoint of step {_registered_step(run_dir)} registered")
     ray_cluster.add_node(num_cpus=1, resources={"slot": 1})
     note("a node added")
-    thread.join(timeout=300)
+    summary = run.finish(timeout=300)
     note("finished")
     print("\n".join(timeline))  # with pytest -s
-    assert not thread.is_alive(), "the elastic run did not finish"
-    assert "error" not in outcome, outcome.get("error")
-    summary = outcome["summary"]
     out = capsys.readouterr().out
     print(out)
 

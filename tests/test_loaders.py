@@ -126,7 +126,7 @@ def test_fetching_a_sample_leaves_the_gpu_generators_alone(folder):
     must not reseed the generators GPU dropout draws from."""
     samples = _augmented(folder, seed=3)
     expected = samples[(2, 5)][0]
-    torch.manual_seed(11)  # as seed_micro_batch does
+    torch.manual_seed(11)  # whatever the step's seeding does
     gpu, cpu = _gpu_generators(), torch.get_rng_state()
     assert torch.equal(samples[(2, 5)][0], expected)
     assert _gpu_generators() == gpu

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 
 import pytest
+from background import BackgroundRun
 
 from ray_ddp.cli import evaluate_main, train_main
 from ray_ddp.config import TrainConfig
@@ -99,25 +99,16 @@ def test_losing_a_node_resumes_from_the_last_checkpoint(cluster, storage):
         storage_path=storage,
         name="survivor",
     )
-    outcome: dict = {}
-
-    def fit() -> None:
-        try:
-            outcome["summary"] = run_training(cfg)
-        except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
-            outcome["error"] = exc
-
     started = time.perf_counter()
-    thread = threading.Thread(target=fit)
-    thread.start()
+    run = BackgroundRun(cfg)
     run_dir = os.path.join(storage, "survivor")
     deadline = time.time() + 180
     # Two checkpoints on disk, then past Ray's 2 s report polling: the first is surely
     # registered, so the restart has a checkpoint to resume from (a node lost within 2 s of
     # a report may restart from the checkpoint before it).
-    while len(_checkpoints(run_dir)) < 2 and time.time() < deadline and thread.is_alive():
+    while len(_checkpoints(run_dir)) < 2 and time.time() < deadline and run.running:
         time.sleep(0.5)
-    assert len(_checkpoints(run_dir)) >= 2, outcome.get("error", "no checkpoints in time")
+    assert len(_checkpoints(run_dir)) >= 2, run.error or "no checkpoints in time"
     time.sleep(3)
     workers = list_actors(
         address=ray_cluster.address,
@@ -126,11 +117,8 @@ def test_losing_a_node_resumes_from_the_last_checkpoint(cluster, storage):
     worker_nodes = {a.node_id for a in workers}
     victim = next(n for n in nodes if n.node_id in worker_nodes)  # never the head
     ray_cluster.remove_node(victim)
-    thread.join(timeout=420)
+    summary = run.finish(timeout=420)
     print(f"2-node run with a lost node: {time.perf_counter() - started:.0f} s")
-    assert not thread.is_alive(), "training did not finish after losing a node"
-    assert "error" not in outcome, outcome.get("error")
-    summary = outcome["summary"]
     history = [m["epoch"] for m in summary["history"]]  # of the attempt that finished
     assert summary["epochs_completed"] == 5 and history[-1] == 5
     assert history[0] > 1, "the restarted workers began again from epoch 1"
