@@ -44,6 +44,25 @@ def ray_session():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def straight_run(ray_session, tmp_path_factory):
+    """The uninterrupted 2-worker run of ``ledgers.EXACT_RUN`` that the world-size tests
+    compare with. Session-wide, so the simulated cluster of test_elastic (which shuts the
+    shared Ray down) reuses it rather than training it again on its slower nodes."""
+    from ledgers import EXACT_RUN
+
+    from ray_ddp.trainer import fit
+
+    storage = str(tmp_path_factory.mktemp("straight"))
+    return fit(
+        "ray_ddp.image_classification:ImageClassification",
+        num_workers=2,
+        storage_path=storage,
+        name="straight",
+        **EXACT_RUN,
+    )
+
+
 @pytest.fixture(scope="module")
 def no_shared_ray():
     """For a module that starts its own cluster: the shared instance must not run beside

@@ -1,5 +1,7 @@
-"""What the exactness tests compare: the sample ledger a run writes with the testing aid
-``sample_ledger``, and final weights.
+"""What the exactness tests compare (test_world_size_resume, test_elastic): one run
+config, the sample ledger a run writes with the testing aid ``sample_ledger``, and final
+weights; the uninterrupted 2-worker run they compare with is the session fixture
+``straight_run`` (conftest.py).
 
 Weight tolerance: two runs of one optimisation at different world sizes add the same
 numbers in different places. At 2 workers each rank back-propagates its micro-batch's
@@ -18,6 +20,21 @@ import os
 from collections import defaultdict
 
 import torch
+
+# 75 optimizer steps of 64 samples per epoch; a checkpoint every 10.
+EXACT_RUN = {
+    "model": "small_cnn",
+    "epochs": 3,
+    "train_samples": 4800,
+    "val_samples": 200,
+    "batch_size": 32,
+    "seed": 3,
+    "checkpoint_every": 10,
+    "sample_ledger": True,
+    "export": False,
+    "tensorboard": False,
+    "progress_interval_s": 0,
+}
 
 
 def ledger(run_dir: str) -> dict[int, dict[int, list[int]]]:

@@ -1,7 +1,8 @@
 """Elastic training on simulated nodes (ray.cluster_utils.Cluster): a 1-2 worker run
 loses the node of rank 1 mid-epoch, continues on 1 worker, grows back to 2 when a node
-joins, and ends with the weights of the uninterrupted 2-worker run, every sample trained
-once per epoch in the same optimizer steps.
+joins, and ends with the weights of the uninterrupted 2-worker run (the session fixture
+``straight_run``, trained on the shared Ray before this module's cluster starts), every
+sample trained once per epoch in the same optimizer steps.
 
 Each worker node has one ``slot`` and each worker needs one, so the nodes up decide the
 world size. The fault is timed, not raced: rank 1 stops at step 23 (testing aid
@@ -20,29 +21,15 @@ import time
 
 import pytest
 from background import BackgroundRun
-from ledgers import assert_every_sample_once, assert_same_weights, ledger
+from ledgers import EXACT_RUN, assert_every_sample_once, assert_same_weights, ledger
 
 from ray_ddp.checkpoint import load_state
 from ray_ddp.config import TrainConfig
 from ray_ddp.fault_injection import stall_marker
-from ray_ddp.trainer import run_training
 
 pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 
-RUN = {
-    "model": "small_cnn",
-    "epochs": 3,
-    "train_samples": 4800,  # 75 optimizer steps of 64 per epoch
-    "val_samples": 200,
-    "batch_size": 32,
-    "seed": 3,
-    "checkpoint_every": 5,
-    "sample_ledger": True,
-    "export": False,
-    "tensorboard": False,
-    "progress_interval_s": 0,
-    "resources_per_worker": {"slot": 1.0},
-}
+RUN = {**EXACT_RUN, "resources_per_worker": {"slot": 1.0}}
 STALL_STEP = 23
 
 
@@ -96,7 +83,7 @@ def _until(what: str, check, run: BackgroundRun, timeout: float = 240.0):
 
 
 def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
-    cluster, storage, capsys, monkeypatch
+    straight_run, cluster, storage, capsys, monkeypatch
 ):
     from ray.util.state import list_actors
 
@@ -106,9 +93,6 @@ def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
     monkeypatch.setenv("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", "10")
 
     ray_cluster, nodes = cluster
-    straight = run_training(
-        TrainConfig(num_workers=2, storage_path=storage, name="straight", **RUN)
-    )
 
     cfg = TrainConfig(
         num_workers=2,
@@ -163,8 +147,8 @@ def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
     # The same optimisation as the run that lost nothing.
     steps = ledger(run_dir)
     assert_every_sample_once(steps, RUN["train_samples"])
-    assert steps == ledger(straight["run_dir"])
+    assert steps == ledger(straight_run["run_dir"])
     assert_same_weights(
         load_state(summary["latest_checkpoint"])["model"],
-        load_state(straight["latest_checkpoint"])["model"],
+        load_state(straight_run["latest_checkpoint"])["model"],
     )

@@ -8,7 +8,7 @@ Tolerance: see tests/ledgers.py.
 from __future__ import annotations
 
 import pytest
-from ledgers import assert_every_sample_once, assert_same_weights, ledger
+from ledgers import EXACT_RUN, assert_every_sample_once, assert_same_weights, ledger
 
 from ray_ddp.checkpoint import load_state
 from ray_ddp.trainer import fit
@@ -16,52 +16,33 @@ from ray_ddp.trainer import fit
 pytestmark = pytest.mark.ray
 
 TASK = "ray_ddp.image_classification:ImageClassification"
-RUN = {
-    "model": "small_cnn",
-    "epochs": 2,
-    "train_samples": 1600,  # 25 optimizer steps of 64 per epoch
-    "val_samples": 200,
-    "batch_size": 32,
-    "seed": 3,
-    "checkpoint_every": 10,
-    "sample_ledger": True,
-    "export": False,
-    "tensorboard": False,
-    "progress_interval_s": 0,
-}
 
 
-@pytest.fixture(scope="module")
-def straight(ray_session, tmp_path_factory):
-    """The uninterrupted 2-worker run."""
-    storage = str(tmp_path_factory.mktemp("straight"))
-    summary = fit(TASK, num_workers=2, storage_path=storage, name="straight", **RUN)
-    return summary
-
-
-def test_a_stopped_run_continued_on_one_worker_is_the_same_run(straight, tmp_path, capsys):
+def test_a_stopped_run_continued_on_one_worker_is_the_same_run(straight_run, tmp_path, capsys):
     storage = str(tmp_path)
-    # Stopped by a failure at step 33 (epoch 2, after the checkpoint at step 30).
+    # Stopped by a failure at step 163 (epoch 3, after the checkpoint at step 160).
     with pytest.raises(Exception, match="non-finite"):
-        fit(TASK, num_workers=2, storage_path=storage, name="moved", inject_nan_step=33, **RUN)
+        fit(
+            TASK, num_workers=2, storage_path=storage, name="moved", inject_nan_step=163, **EXACT_RUN
+        )
     capsys.readouterr()
-    summary = fit(TASK, num_workers=1, storage_path=storage, name="moved", **RUN)
+    summary = fit(TASK, num_workers=1, storage_path=storage, name="moved", **EXACT_RUN)
     out = capsys.readouterr().out
     assert (
         "run moved continues on 1 worker: accumulation 1 -> 2 keeps its global batch of 64" in out
     )
-    assert "samples into epoch 2" in out  # resumed inside the epoch, not at its start
+    assert "samples into epoch 3" in out  # resumed inside the epoch, not at its start
     assert (
         "lost 1 worker since the checkpoint: continuing on 1 worker, accumulation 1 -> 2, " in out
     )
     assert summary["world_size"] == 1 and summary["global_batch_size"] == 64
 
     steps = ledger(summary["run_dir"])
-    assert_every_sample_once(steps, RUN["train_samples"])
-    assert steps == ledger(straight["run_dir"]), "the same samples in the same steps"
+    assert_every_sample_once(steps, EXACT_RUN["train_samples"])
+    assert steps == ledger(straight_run["run_dir"]), "the same samples in the same steps"
     history = [(row["epoch"], row["world_size"], row["accum_steps"]) for row in summary["history"]]
-    assert history == [(2, 1, 2)]
+    assert history == [(3, 1, 2)]
     assert_same_weights(
         load_state(summary["latest_checkpoint"])["model"],
-        load_state(straight["latest_checkpoint"])["model"],
+        load_state(straight_run["latest_checkpoint"])["model"],
     )
