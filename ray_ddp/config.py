@@ -261,8 +261,8 @@ class TrainConfig:
         None, bound=POSITIVE, resume_safe=True, metavar="STEPS", sweep=False
     )
     """Also checkpoint every this many optimizer steps inside an epoch, with the data
-    position and every rank's RNG, so a lost worker or a re-run resumes mid-epoch exactly
-    where it stopped. Off by default: every epoch's end is checkpointed anyway. (Not in
+    position (in samples of the epoch's order), so a lost worker, a re-run or a resized
+    elastic group resumes mid-epoch exactly where it stopped, at any number of workers. Off by default: every epoch's end is checkpointed anyway. (Not in
     sweeps: Tune's schedulers compare trials at epoch ends only.)"""
     summary_json: str | None = option(None, resume_safe=True)
     """Write the final summary as JSON to this path."""
