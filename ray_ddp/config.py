@@ -262,8 +262,9 @@ class TrainConfig:
     )
     """Also checkpoint every this many optimizer steps inside an epoch, with the data
     position (in samples of the epoch's order), so a lost worker, a re-run or a resized
-    elastic group resumes mid-epoch exactly where it stopped, at any number of workers. Off by default: every epoch's end is checkpointed anyway. (Not in
-    sweeps: Tune's schedulers compare trials at epoch ends only.)"""
+    elastic group resumes mid-epoch exactly where it stopped, at any number of workers.
+    Off by default: every epoch's end is checkpointed anyway. (Not in sweeps: Tune's
+    schedulers compare trials at epoch ends only.)"""
     summary_json: str | None = option(None, resume_safe=True)
     """Write the final summary as JSON to this path."""
     progress_interval_s: float = option(30.0, resume_safe=True, cli=False)

@@ -22,9 +22,8 @@ def test_a_stopped_run_continued_on_one_worker_is_the_same_run(straight_run, tmp
     storage = str(tmp_path)
     # Stopped by a failure at step 163 (epoch 3, after the checkpoint at step 160).
     with pytest.raises(Exception, match="non-finite"):
-        fit(
-            TASK, num_workers=2, storage_path=storage, name="moved", inject_nan_step=163, **EXACT_RUN
-        )
+        fit(TASK, num_workers=2, storage_path=storage, name="moved", inject_nan_step=163,
+            **EXACT_RUN)  # fmt: skip
     capsys.readouterr()
     summary = fit(TASK, num_workers=1, storage_path=storage, name="moved", **EXACT_RUN)
     out = capsys.readouterr().out
