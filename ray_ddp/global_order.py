@@ -96,6 +96,11 @@ class EpochPlan:
         return list(zip(starts, ends, strict=True))
 
     @property
+    def first_step(self) -> int:
+        """The number (0-based, counted from the epoch's start) of the plan's first step."""
+        return self.start // self.global_batch
+
+    @property
     def steps(self) -> int:
         """Optimizer steps from ``start`` to the epoch's end."""
         return -(-len(self.bounds()) // self.micro_per_step)

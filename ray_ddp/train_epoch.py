@@ -117,7 +117,8 @@ def train_epoch(
             with autocast(cfg.amp, device):
                 loss = task.loss(model, batch).float()
             loss = faults.poison_loss(cfg, loss, progress.step + 1, guard.rank)
-            guard.observe(loss, progress.step + 1, f"epoch {plan.epoch + 1}, step {slot.step + 1}")
+            where = f"epoch {plan.epoch + 1}, step {plan.first_step + slot.step + 1} of the epoch"
+            guard.observe(loss, progress.step + 1, where)
             # The step's gradient is the mean over all its samples, however the ranks and
             # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
             # weighs by its share of the step's samples, times the ranks DDP divides by.

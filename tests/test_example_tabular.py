@@ -107,8 +107,8 @@ def _weights(checkpoint: str) -> dict[str, torch.Tensor]:
 def test_a_run_stopped_mid_epoch_resumes_to_the_same_weights(full_run, storage, data_dir):
     """Stopped by max_steps inside epoch 2, re-run without it: bit-identical weights and
     the same validation figures as the run never stopped. A resume restores the weights,
-    AdamW's moments, the schedule's position, the data position inside the epoch
-    (micro-batch 27 of 63), every rank's RNG and the epoch's partial sums."""
+    AdamW's moments, the schedule's position, the data position inside the epoch (step
+    27 of 63, in samples of the epoch's order) and the epoch's partial sums."""
     cfg = TrainConfig(**RUN, data_dir=data_dir, storage_path=storage, name="cut", export=False)
     stopped = ray_ddp.fit(TASK, cfg, max_steps=STOP_AT)
     assert stopped["steps"] == STOP_AT and stopped["epochs_completed"] == 1, stopped

@@ -72,7 +72,7 @@ def test_a_position_resumes_with_exactly_the_remaining_steps_at_any_world_size()
     full = EpochPlan(1000, 32, 128, seed=7, epoch=1)
     for done in (0, 3, 7):
         rest = EpochPlan(1000, 32, 128, seed=7, epoch=1, start=full.step_start(done))
-        assert rest.start == done * 128
+        assert rest.start == done * 128 and rest.first_step == done
         assert rest.steps == full.steps - done
         for world in (1, 2, 4):
             expected = {s - done: m for s, m in _steps(full, 4).items() if s >= done}
