@@ -95,6 +95,9 @@ def restore_training(
     notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress.from_saved(saved["progress"])
     if saved["progress"].get("batch"):  # an older format's position, in another order
+        # The epoch restarts, and so do its steps: the schedule goes back to its start.
+        progress.step = progress.epoch * steps_per_epoch
+        set_schedule_step(state.scheduler, progress.step)
         worker.log(
             f"the checkpoint's mid-epoch position is of an older version: epoch "
             f"{progress.epoch + 1} restarts from its first sample"
