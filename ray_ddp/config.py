@@ -15,7 +15,6 @@ This module imports neither Ray nor torch, so it is cheap to test and to import.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -392,25 +391,56 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def check_worker_range(cfg: TrainConfig) -> None:
-    """An elastic range is refused unless every worker count in it keeps the global batch
-    (a whole number of micro-batches of --batch-size on every worker)."""
+    """An elastic range is refused where some worker count in it cannot keep the global
+    batch usefully: more workers than micro-batches per step, or a split that leaves the
+    workers idle for more than a quarter of each step (8 micro-batches over 6 workers: 2 on
+    ranks 0-1, 1 on the others, 67% busy). The refusal names the smallest --accum-steps
+    that keeps every count at least 75% busy."""
+    from ray_ddp.global_order import MIN_BUSY, busy_share
+
     low, high = cfg.min_workers, cfg.num_workers
     if high is None:
         raise ConfigError("an elastic run needs its MAX workers: --num-workers MIN-MAX")
     if low is None or not 0 < low <= high:
         raise ConfigError(f"--num-workers {low}-{high}: need 1 <= MIN <= MAX")
-    batch = cfg.batch_size * cfg.accum_steps * high
-    bad = [n for n in range(low, high + 1) if batch % (cfg.batch_size * n)]
-    if bad:
-        need = math.lcm(*range(low, high + 1))
-        accum = need // math.gcd(need, high)
-        raise ConfigError(
-            f"--num-workers {low}-{high} cannot keep the global batch of {batch} "
-            f"({cfg.batch_size} x {high} workers x {cfg.accum_steps}) on {bad[0]} workers: "
-            f"it is not a whole number of micro-batches of {cfg.batch_size} per worker. Use "
-            f"--accum-steps {accum} (a multiple of it keeps every count from {low} to "
-            f"{high}), or a range whose counts divide {high * cfg.accum_steps}"
+
+    def idle(accum: int) -> list[tuple[int, float]]:
+        per_step = high * accum
+        shares = [(n, busy_share(per_step, n)) for n in range(low, high + 1)]
+        return [(n, share) for n, share in shares if share < MIN_BUSY]
+
+    bad = idle(cfg.accum_steps)
+    if not bad:
+        return
+    count, share = bad[-1]
+    per_step = high * cfg.accum_steps
+    most = -(-per_step // count)
+    # The same global batch in smaller micro-batches if --batch-size divides, else more of
+    # them (a larger global batch).
+    split = next(
+        (
+            f
+            for f in range(2, cfg.batch_size + 1)
+            if cfg.batch_size % f == 0 and not idle(cfg.accum_steps * f)
+        ),
+        None,
+    )
+    if split:
+        fix = (
+            f"--batch-size {cfg.batch_size // split} --accum-steps {cfg.accum_steps * split} "
+            f"(the same global batch of {per_step * cfg.batch_size} in {per_step * split} "
+            "micro-batches"
         )
+    else:
+        accum = next(a for a in range(cfg.accum_steps + 1, 10 * high + 1) if not idle(a))
+        fix = f"--accum-steps {accum} (a global batch of {high * accum * cfg.batch_size}"
+    raise ConfigError(
+        f"--num-workers {low}-{high} would leave workers idle on {count} workers: the "
+        f"{per_step} micro-batches of {cfg.batch_size} per step ({cfg.batch_size} x {high} "
+        f"workers x {cfg.accum_steps}) split {most}/{most - 1} over {count} workers keep "
+        f"them {share:.0%} busy. Use {fix}: every count from {low} to {high} at least "
+        f"{MIN_BUSY:.0%} busy), or a range whose counts divide {per_step}"
+    )
 
 
 @dataclass

@@ -8,22 +8,26 @@ grown group, a resume on fewer GPUs). The unit is the optimizer step, not the wo
 - the permutation is cut into micro-batches of ``--batch-size`` consecutive samples (a
   last micro-batch of one sample joins the one before it: BatchNorm cannot train on one);
 - every ``global_batch / batch_size`` consecutive micro-batches make one optimizer step,
-  whatever the world size: at ``W`` workers each rank trains ``global_batch / (batch_size
-  * W)`` of them (its accumulation), rank ``r`` taking micro-batches ``r, r + W, ...``;
+  whatever the world size: at ``W`` workers rank ``r`` trains micro-batches ``r, r + W,
+  ...`` of it (its accumulation; where ``W`` does not divide them some ranks train one
+  more, and the others wait for them in the all-reduce);
 - a position in the epoch is a number of samples of the permutation (a step boundary), so
   any world size resumes from exactly there, every remaining sample once.
 
 The step's gradient is the mean over its samples however they are spread: each micro-batch
 weighs by its share of the step's samples. The epoch's last step may hold fewer
-micro-batches than there are slots; a rank with an empty slot trains a *filler* (the
+micro-batches than there are ranks; a rank left without one trains a *filler* (the
 step's first micro-batch again) with weight 0, because every rank must take part in the
-gradient all-reduce. Micro-batch contents do not depend on the world size either, so
+gradient all-reduce. Ranks training different numbers of micro-batches in a step is safe
+for DDP: each still runs exactly one synchronised backward per step (the others are under
+``no_sync``), and DDP broadcasts buffers once per step, at a rank's first forward after a
+synchronised one. Micro-batch contents do not depend on the world size either, so
 BatchNorm's batch statistics in training do not; its running statistics (buffers, not
 weights) follow the micro-batches rank 0 sees, which do.
 
-No Ray and no DataLoader here: :class:`GlobalOrderBatches` is the batch sampler a
-DataLoader draws from, and the training loop reads the same :class:`Slot` list to weigh
-each micro-batch.
+No Ray, no DataLoader and (but for the permutation) no torch here:
+:class:`GlobalOrderBatches` is the batch sampler a DataLoader draws from, and the training
+loop reads the same :class:`Slot` list to weigh each micro-batch.
 """
 
 from __future__ import annotations
@@ -31,8 +35,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 
 @dataclass(frozen=True)
@@ -59,15 +61,39 @@ class Slot:
         return 0 if self.filler else len(self.indices)
 
 
-def accumulation(global_batch: int, batch_size: int, world_size: int) -> int:
-    """Micro-batches each of ``world_size`` ranks trains per optimizer step."""
-    per_step, rest = divmod(global_batch, batch_size * world_size)
+MIN_BUSY = 0.75
+"""An elastic range is refused where some worker count in it would keep the workers busy
+less than this share of each step (see :func:`busy_share`)."""
+
+
+def micro_batches(global_batch: int, batch_size: int) -> int:
+    """Micro-batches per optimizer step."""
+    per_step, rest = divmod(global_batch, batch_size)
     if rest or not per_step:
         raise ValueError(
             f"a global batch of {global_batch} is not a whole number of micro-batches of "
-            f"{batch_size} on each of {world_size} workers"
+            f"{batch_size}"
         )
     return per_step
+
+
+def accumulation(global_batch: int, batch_size: int, world_size: int) -> int:
+    """The most micro-batches one of ``world_size`` ranks trains per optimizer step (all
+    of them train as many where ``world_size`` divides the step's micro-batches)."""
+    per_step = micro_batches(global_batch, batch_size)
+    if world_size > per_step:
+        raise ValueError(
+            f"{world_size} workers need at least {world_size} micro-batches per step, and a "
+            f"global batch of {global_batch} makes {per_step} of {batch_size}"
+        )
+    return -(-per_step // world_size)
+
+
+def busy_share(per_step: int, world_size: int) -> float:
+    """The share of a step the workers spend training when ``per_step`` micro-batches are
+    split over ``world_size`` of them: 1.0 where it divides, less where some wait for the
+    ranks with one micro-batch more (8 over 6: 2 on ranks 0-1, 1 on the others, 67%)."""
+    return per_step / (world_size * -(-per_step // world_size))
 
 
 @dataclass(frozen=True)
@@ -113,28 +139,33 @@ class EpochPlan:
         return bounds[first][0] if first < len(bounds) else self.size
 
     def order(self) -> list[int]:
+        import torch  # here: the config checks import this module, and not torch
+
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.size, generator=generator).tolist()
 
     def slots(self, rank: int, world_size: int) -> list[Slot]:
-        """What rank ``rank`` of ``world_size`` trains, step by step."""
-        accum = accumulation(self.global_batch, self.batch_size, world_size)
+        """What rank ``rank`` of ``world_size`` trains, step by step: micro-batches
+        ``rank``, ``rank + world_size``, ... of each step (where ``world_size`` does not
+        divide them, some ranks train one more), or a filler where a short last step
+        leaves it none."""
+        accumulation(self.global_batch, self.batch_size, world_size)  # refuses too many ranks
         order, bounds, per_step = self.order(), self.bounds(), self.micro_per_step
         slots = []
         for step in range(self.steps):
             micro = bounds[step * per_step : (step + 1) * per_step]
             samples = micro[-1][1] - micro[0][0]
-            for turn in range(accum):
-                number = turn * world_size + rank
-                begin, end = micro[number] if number < len(micro) else micro[0]
+            mine = list(range(rank, len(micro), world_size))
+            for turn, number in enumerate(mine or [len(micro)]):
+                begin, end = micro[number] if mine else micro[0]
                 slots.append(
                     Slot(
                         indices=order[begin:end],
                         step=step,
                         micro=number,
-                        boundary=turn == accum - 1,
+                        boundary=turn == max(1, len(mine)) - 1,
                         step_samples=samples,
-                        filler=number >= len(micro),
+                        filler=not mine,
                     )
                 )
         return slots

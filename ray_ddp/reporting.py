@@ -35,10 +35,21 @@ def short(value: Any) -> str:
     return text
 
 
-def batch_line(per_worker: int, workers: int, accum: int) -> str:
+def batch_line(per_worker: int, workers: int, accum: int, global_batch: int | None = None) -> str:
+    """The batch arithmetic; where ``workers`` does not divide the step's micro-batches
+    (an elastic run on fewer workers), how they are split and what that costs."""
+    if global_batch is None or global_batch == per_worker * workers * accum:
+        return (
+            f"batch: {per_worker} per worker x {workers} workers x {accum} accumulation = "
+            f"{per_worker * workers * accum} samples per optimizer step (global batch)"
+        )
+    per_step = global_batch // per_worker
+    more = per_step % workers
+    ranks = "rank 0" if more == 1 else f"ranks 0-{more - 1}"
     return (
-        f"batch: {per_worker} per worker x {workers} workers x {accum} accumulation = "
-        f"{per_worker * workers * accum} samples per optimizer step (global batch)"
+        f"batch: {per_step} micro-batches of {per_worker} per optimizer step over {workers} "
+        f"workers ({accum} on {ranks}, {accum - 1} on the others) = {global_batch} samples "
+        f"(global batch); the workers are busy {per_step / (workers * accum):.0%} of each step"
     )
 
 

@@ -255,7 +255,11 @@ def announce(
 ) -> None:
     """The rank table, the batch arithmetic and the data sizes, once, from rank 0."""
     worker.log(reporting.rank_table(ranks))
-    worker.log(reporting.batch_line(cfg.batch_size, worker.world_size, data.accumulation))
+    worker.log(
+        reporting.batch_line(
+            cfg.batch_size, worker.world_size, data.accumulation, cfg.global_batch_size
+        )
+    )
     described = ", ".join(f"{k} {reporting.short(v)}" for k, v in facts.items())
     worker.log(
         f"data: {task.name(cfg)}, {data.train_size} train / {data.val_size} val samples"

@@ -166,9 +166,9 @@ BAD_INPUTS = [
     ),
     pytest.param(["--name", "garbled", *KEPT], "is not readable JSON", id="rerun-garbled-record"),
     pytest.param(
-        ["--num-workers", "2-3"],
-        "--num-workers 2-3 cannot keep the global batch of 192 (64 x 3 workers x 1) on 2 workers",
-        id="elastic-range-breaks-global-batch",
+        ["--num-workers", "4-8"],
+        "--num-workers 4-8 would leave workers idle on 7 workers",
+        id="elastic-range-leaves-workers-idle",
     ),
     pytest.param(["--num-workers", "3-2"], "need 1 <= MIN <= MAX", id="elastic-range-reversed"),
 ]

@@ -8,15 +8,16 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from ray_ddp.global_order import EpochPlan, accumulation
+from ray_ddp.global_order import EpochPlan, accumulation, busy_share
 
 # (training samples, per-worker batch, global batch, world sizes that keep it)
 CASES = [
-    (1000, 32, 128, (1, 2, 4)),
+    (1000, 32, 128, (1, 2, 3, 4)),  # 3 workers: 2, 1 and 1 micro-batches per step
     (50, 4, 8, (1, 2)),
-    (49, 8, 48, (1, 2, 3, 6)),  # 49 = 6 x 8 + 1: the 1-sample tail joins its neighbour
-    (10, 4, 16, (1, 2, 4)),  # one step, fewer micro-batches than slots: fillers
+    (49, 8, 48, (1, 2, 3, 4, 5, 6)),  # 49 = 6 x 8 + 1: the 1-sample tail joins its neighbour
+    (10, 4, 16, (1, 2, 3, 4)),  # one step, fewer micro-batches than ranks: fillers
     (7, 2, 12, (1, 2, 3, 6)),
+    (1000, 64, 512, (4, 5, 6, 7, 8)),  # an elastic 4-8 range
 ]
 
 
@@ -40,9 +41,17 @@ def test_every_sample_once_per_epoch_at_every_world_size(size, batch, global_bat
         )
         assert trained == Counter(range(size)), world
         slots = [plan.slots(rank, world) for rank in range(world)]
-        assert len({len(s) for s in slots}) == 1, "every rank trains as many micro-batches"
         assert all(len(slot.indices) != 1 for s in slots for slot in s), "no 1-sample batch"
-        assert all(sum(slot.boundary for slot in s) == plan.steps for s in slots)
+        # DDP: every rank runs exactly one all-reducing backward per step, its last.
+        for rank_slots in slots:
+            assert [s.step for s in rank_slots if s.boundary] == list(range(plan.steps))
+            last_of_step = {s.step: i for i, s in enumerate(rank_slots)}
+            assert all(rank_slots[i].boundary for i in last_of_step.values())
+        # Where the world size does not divide a step's micro-batches, counts differ by one.
+        per_rank = [
+            [sum(1 for x in s if x.step == step) for s in slots] for step in range(plan.steps)
+        ]
+        assert all(max(c) - min(c) <= 1 for c in per_rank)
 
 
 @pytest.mark.parametrize(("size", "batch", "global_batch", "worlds"), CASES)
@@ -90,6 +99,18 @@ def test_the_order_changes_every_epoch_and_not_between_runs():
     assert sorted(order(5)) == list(range(100))
 
 
+def test_an_uneven_split_gives_the_first_ranks_one_more_and_a_short_last_step_fillers():
+    plan = EpochPlan(1000, 64, 512, seed=0, epoch=0)  # 8 micro-batches per step
+    counts = [sum(1 for s in plan.slots(r, 6) if s.step == 0) for r in range(6)]
+    assert counts == [2, 2, 1, 1, 1, 1]
+    # The last step holds 1000 - 512 = 488 samples, 8 micro-batches (the last 40): all
+    # real on every rank; with 10 samples and 4 ranks the only step has 3 micro-batches.
+    small = EpochPlan(10, 4, 16, seed=0, epoch=0)
+    fillers = [[s.filler for s in small.slots(r, 4)] for r in range(4)]
+    assert fillers == [[False], [False], [False], [True]]
+    assert small.slots(3, 4)[0].size == 0 and small.slots(3, 4)[0].boundary
+
+
 def test_a_rank_trains_micro_batches_round_robin_within_a_step():
     """Rank r of W takes micro-batches r, r + W, ... of each step; the last is its
     all-reducing one."""
@@ -102,10 +123,12 @@ def test_a_rank_trains_micro_batches_round_robin_within_a_step():
     ]
 
 
-def test_accumulation_keeps_the_global_batch_or_refuses():
+def test_accumulation_is_the_most_micro_batches_a_rank_trains():
     assert accumulation(128, 32, 1) == 4
     assert accumulation(128, 32, 4) == 1
-    with pytest.raises(ValueError, match="not a whole number of micro-batches of 32 on each of 3"):
-        accumulation(128, 32, 3)
-    with pytest.raises(ValueError):
-        accumulation(64, 32, 4)  # less than one micro-batch per worker
+    assert accumulation(128, 32, 3) == 2  # 2, 1, 1
+    assert busy_share(4, 3) == pytest.approx(4 / 6) and busy_share(8, 4) == 1.0
+    with pytest.raises(ValueError, match="3 workers need at least 3 micro-batches per step"):
+        accumulation(64, 32, 3)
+    with pytest.raises(ValueError, match="not a whole number of micro-batches of 48"):
+        accumulation(128, 48, 1)

@@ -29,33 +29,48 @@ def test_num_workers_min_max_makes_an_elastic_config():
 
 
 @pytest.mark.parametrize(
-    ("workers", "accum", "message"),
+    ("workers", "batch", "message"),
     [
-        ("2-3", 1, re.escape("the global batch of 192 (64 x 3 workers x 1) on 2 workers")),
-        ("2-3", 1, "Use --accum-steps 2"),
-        ("1-4", 1, "on 3 workers.*Use --accum-steps 3"),
-        ("3-8", 2, "on 3 workers.*Use --accum-steps 105"),
-        ("4-2", 1, "need 1 <= MIN <= MAX"),
+        (
+            "4-8",
+            64,
+            re.escape("7 workers: the 8 micro-batches of 64 per step (64 x 8 workers x 1)"),
+        ),
+        ("4-8", 64, "split 2/1 over 7 workers keep them 57% busy"),
+        ("4-8", 64, re.escape("Use --batch-size 32 --accum-steps 2 (the same global batch of 512")),
+        ("1-4", 64, "idle on 3 workers.*67% busy"),
+        ("1-8", 1, "Use --accum-steps 2 \\(a global batch of 16"),
+        ("4-2", 64, "need 1 <= MIN <= MAX"),
     ],
 )
-def test_a_range_that_cannot_keep_the_global_batch_is_refused(workers, accum, message):
-    cfg = _parsed("--num-workers", workers, "--accum-steps", str(accum))
+def test_a_range_that_would_leave_workers_idle_is_refused(workers, batch, message):
+    cfg = _parsed("--num-workers", workers, "--batch-size", str(batch))
     with pytest.raises(ConfigError, match=message):
         validate(cfg)
 
 
-@pytest.mark.parametrize("suggested", [2, 3, 105])
-def test_the_suggested_accumulation_keeps_every_count(suggested):
-    """The accumulation a refusal suggests works (and is the smallest that does)."""
-    ranges = {2: (2, 3), 3: (1, 4), 105: (3, 8)}
-    low, high = ranges[suggested]
-    for accum in range(1, suggested + 1):
-        cfg = TrainConfig(num_workers=high, min_workers=low, accum_steps=accum)
-        if accum < suggested:
-            with pytest.raises(ConfigError):
-                validate(cfg)
-        else:
-            validate(cfg)
+@pytest.mark.parametrize(("low", "high", "batch"), [(4, 8, 64), (1, 4, 64), (1, 8, 1), (2, 5, 63)])
+def test_the_suggested_settings_keep_every_count_busy(low, high, batch):
+    """What a refusal suggests is accepted, and keeps the global batch where it says so."""
+    cfg = TrainConfig(num_workers=high, min_workers=low, batch_size=batch)
+    with pytest.raises(ConfigError) as refused:
+        validate(cfg)
+    words = str(refused.value).split("Use ")[1].split(" (")[0].split()
+    fixed = dict(zip(words[::2], map(int, words[1::2]), strict=True))
+    suggested = TrainConfig(
+        num_workers=high,
+        min_workers=low,
+        batch_size=fixed.get("--batch-size", batch),
+        accum_steps=fixed["--accum-steps"],
+    )
+    validate(suggested)
+    if "--batch-size" in fixed:
+        assert suggested.global_batch_size == cfg.global_batch_size
+
+
+def test_a_range_whose_counts_split_well_enough_is_accepted():
+    for workers, accum in (("2-3", 1), ("4-8", 2), ("1-2", 1), ("6-8", 3)):
+        validate(_parsed("--num-workers", workers, "--accum-steps", str(accum)))
 
 
 SAVED = TrainConfig(num_workers=2, batch_size=32, accum_steps=2).to_dict()  # global 128
