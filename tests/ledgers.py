@@ -24,7 +24,7 @@ import torch
 # 75 optimizer steps of 64 samples per epoch; a checkpoint every 10.
 EXACT_RUN = {
     "model": "small_cnn",
-    "epochs": 3,
+    "epochs": 2,
     "train_samples": 4800,
     "val_samples": 200,
     "batch_size": 32,
