@@ -61,7 +61,11 @@ def exit_code(job: Callable[[], None], failed: tuple[type[Exception], ...] = ())
         if _raised(exc, "ray_ddp.trainer", "Interrupted"):
             print(exc, file=sys.stderr)
             return EXIT_INTERRUPTED
-        if isinstance(exc, failed) or _raised(exc, "ray.train", "TrainingFailedError"):
+        if (
+            isinstance(exc, failed)
+            or _raised(exc, "ray.train", "TrainingFailedError")
+            or _raised(exc, "ray_ddp.trainer", "TrainingHung")  # the watchdog's line
+        ):
             print(f"training failed: {exc}", file=sys.stderr)
             return EXIT_FAILED
         raise  # a bug: keep its traceback

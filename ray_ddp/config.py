@@ -151,6 +151,20 @@ class TrainConfig:
     an elastic run (``--num-workers MIN-MAX``), whose lost workers are what it is for (a
     failure that repeats itself identically still stops it)."""
 
+    hang_timeout: float | None = option(
+        None, bound=NON_NEGATIVE, resume_safe=True, metavar="SECONDS"
+    )
+    """A rank that finishes no optimizer step or evaluation batch in this long is hung:
+    every rank's stacks go to ``<run>/hangs/attempt-<N>/``, the driver names the stuck
+    rank, and the attempt fails (``--max-failures`` restarts it from the latest
+    checkpoint). Auto: 20 x the median step time, at least 120 s and at most
+    ``--hang-grace``. 0 turns the watchdog off."""
+    hang_grace: float = option(600.0, bound=POSITIVE, resume_safe=True, metavar="SECONDS")
+    """The watchdog's allowance for what is slow by nature: an attempt's start and first
+    step, the first batch of each pass over a loader, checkpoints and reports (at least
+    ``--hang-timeout``). The process group's timeout, the backstop where the watchdog
+    cannot run, is 2 x this + 60 s."""
+
     # --- optimisation ---
     epochs: int = option(10, bound=POSITIVE, resume_safe=True)
     """Total epochs of the run; a resumed run continues up to this number."""
@@ -303,6 +317,14 @@ class TrainConfig:
     this many seconds longer."""
     slow_rank: int | None = option(None, resume_safe=True, cli=False)
     """Testing aid: the rank ``slow_step_s`` slows (None: all)."""
+    slow_start_s: float = option(0.0, resume_safe=True, cli=False)
+    """Testing aid: every rank's first optimizer step of an attempt takes this many
+    seconds longer (a compile, a cold cache)."""
+    slow_checkpoint_s: float = option(0.0, resume_safe=True, cli=False)
+    """Testing aid: rank 0 takes this many seconds longer over every checkpoint."""
+    hang_loader_sample: int | None = option(None, resume_safe=True, cli=False)
+    """Testing aid: the DataLoader worker that loads this training sample sleeps
+    ``stall_s`` seconds, once per run (it writes ``<run>/stalled-loader``)."""
     sample_ledger: bool = option(False, resume_safe=True, cli=False)
     """Testing aid: rank 0 writes every epoch's trained samples, step by step and from
     every rank, to ``<run>/ledger/epoch-<N>.csv`` (the epoch's part before a mid-epoch

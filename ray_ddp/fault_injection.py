@@ -7,7 +7,11 @@ unless its field is set.
 - ``stall_step`` / ``stall_rank`` / ``stall_s``: one rank stops at one step, once per run
   (a node about to be lost, a hang), and says so in a file the test waits for;
 - ``slow_step_s`` / ``slow_rank``: every optimizer step of a rank (or of all) takes this
-  much longer, so a test has time to act while training goes on.
+  much longer, so a test has time to act while training goes on, or a straggler is seen;
+- ``slow_start_s`` / ``slow_checkpoint_s``: an attempt's first step, and every checkpoint,
+  take longer (what the hang watchdog must not mistake for a hang);
+- ``hang_loader_sample``: the DataLoader worker loading one sample sleeps ``stall_s``, once
+  per run (a loader that hangs).
 """
 
 from __future__ import annotations
@@ -46,6 +50,49 @@ def stall(cfg: TrainConfig, rank: int, step: int) -> None:
 
 
 def slow_down(cfg: TrainConfig, rank: int) -> None:
-    """After each optimizer step: sleep ``slow_step_s`` on rank ``slow_rank`` (None: all)."""
+    """In each optimizer step, before its last micro-batch's forward (the rank's own work,
+    as a slow GPU's would be): sleep ``slow_step_s`` on rank ``slow_rank`` (None: all)."""
     if cfg.slow_step_s and cfg.slow_rank in (None, rank):
         time.sleep(cfg.slow_step_s)
+
+
+def slow_start(cfg: TrainConfig) -> None:
+    """In an attempt's first optimizer step: sleep ``slow_start_s``."""
+    if cfg.slow_start_s:
+        time.sleep(cfg.slow_start_s)
+
+
+def slow_checkpoint(cfg: TrainConfig) -> None:
+    """While rank 0 writes a checkpoint: sleep ``slow_checkpoint_s``."""
+    if cfg.slow_checkpoint_s:
+        time.sleep(cfg.slow_checkpoint_s)
+
+
+def loader_marker(cfg: TrainConfig) -> str:
+    """The file a hanging DataLoader worker writes (``<run>/stalled-loader``: its pid)."""
+    return os.path.join(cfg.storage_path, cfg.name or "", "stalled-loader")
+
+
+class HangOnSample(torch.utils.data.Dataset):
+    """``dataset``, except that loading sample ``index`` writes ``marker`` and sleeps
+    ``seconds``, unless ``marker`` exists (once per run)."""
+
+    def __init__(self, dataset, index: int, marker: str, seconds: float) -> None:
+        self.dataset, self.index, self.marker, self.seconds = dataset, index, marker, seconds
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        if index == self.index and not os.path.exists(self.marker):
+            with open(self.marker, "w") as file:
+                file.write(f"{os.getpid()}\n")
+            time.sleep(self.seconds)
+        return self.dataset[index]
+
+
+def hang_loader(cfg: TrainConfig, dataset):
+    """The training set, with :class:`HangOnSample` where ``hang_loader_sample`` asks."""
+    if cfg.hang_loader_sample is None:
+        return dataset
+    return HangOnSample(dataset, cfg.hang_loader_sample, loader_marker(cfg), cfg.stall_s)

@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from typing import Any
+
+STRAGGLER_RATIO = 1.25
+"""A straggler's median time per step until it is ready for the gradient all-reduce is at
+least this many times the median of the other ranks (with as many micro-batches per step),
+over a whole epoch: more than half its steps, a sustained slowdown, not a hiccup."""
+STRAGGLER_MIN_MS = 2.0
+"""...and at least this many milliseconds more (timer noise on very short steps)."""
+DATA_WAIT_SHOWN = 0.10
+"""The epoch line shows the data wait of the rank that waited most from this fraction of
+its training time on (every rank's is in the worker table, metrics.csv and TensorBoard)."""
 
 
 def rank_table(rows: Sequence[dict[str, Any]]) -> str:
@@ -65,6 +76,8 @@ def epoch_line(m: dict[str, Any], epochs: int) -> str:
     )
     if "allreduces_per_step" in m:
         line += f"  all-reduces/step {m['allreduces_per_step']:.2f}"
+    if m.get("data_wait_max", 0.0) >= DATA_WAIT_SHOWN:
+        line += f"  data wait {m['data_wait_max']:.0%} (rank {m['data_wait_rank']})"
     return line
 
 
@@ -99,12 +112,68 @@ def balance(per_rank: Sequence[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def stragglers(per_rank: Sequence[dict[str, Any]]) -> list[tuple[int, float, float]]:
+    """``(rank, its ready ms, the other ranks' median)`` of every straggler: see
+    ``STRAGGLER_RATIO``. Ranks are compared with those that train as many micro-batches per
+    step (an uneven split gives some ranks one more)."""
+    timed = [r for r in per_rank if r.get("ready_ms") is not None]
+    found = []
+    for row in timed:
+        peers = [
+            o["ready_ms"]
+            for o in timed
+            if o["rank"] != row["rank"] and o["micro_per_step"] == row["micro_per_step"]
+        ]
+        if not peers:
+            continue
+        typical = statistics.median(peers)
+        if row["ready_ms"] >= STRAGGLER_RATIO * typical and row["ready_ms"] - typical >= (
+            STRAGGLER_MIN_MS
+        ):
+            found.append((row["rank"], row["ready_ms"], typical))
+    return found
+
+
+def rank_timing(per_rank: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The epoch's metrics from every rank's timing: the largest data wait (a fraction of
+    the training time) and its rank, and the stragglers' ranks (space-separated, empty
+    for none)."""
+    timed = [r for r in per_rank if "data_wait" in r]
+    if not timed:
+        return {}
+    most = max(timed, key=lambda r: r["data_wait"])
+    return {
+        "data_wait_max": most["data_wait"],
+        "data_wait_rank": most["rank"],
+        "stragglers": " ".join(str(rank) for rank, _, _ in stragglers(per_rank)),
+    }
+
+
+def straggler_lines(
+    per_rank: Sequence[dict[str, Any]], ranks: Sequence[dict[str, Any]]
+) -> list[str]:
+    """One warning line per straggler, naming its host and node (``ranks``: the rank
+    table's rows)."""
+    where = {r["rank"]: f"{r['host']}, node {r['node_id'][:8]}" for r in ranks}
+    return [
+        f"straggler: rank {rank} ({where.get(rank, '?')}) needs {own:.1f} ms per step "
+        f"before the gradient all-reduce, the other ranks {typical:.1f} ms ({own / typical:.1f}x) "
+        "over this epoch: every step waits for it. Its data wait is in the table below; "
+        "otherwise look at that node (thermal throttling, a noisy neighbour, a slower device)"
+        for rank, own, typical in stragglers(per_rank)
+    ]
+
+
 def worker_table(per_rank: Sequence[dict[str, Any]]) -> str:
-    """Per-worker speed and peak memory (CUDA peak allocated on GPU, resident set on CPU)."""
-    lines = [f"  {'rank':>4}  {'samples/s':>9}  {'peak memory':>12}"]
+    """Per-worker speed and peak memory (CUDA peak allocated on GPU, resident set on CPU),
+    and where timed, the time per step until ready for the all-reduce and the data wait."""
+    timed = all("ready_ms" in r for r in per_rank)
+    extra = f"  {'ready ms/step':>13}  {'data wait':>9}" if timed else ""
+    lines = [f"  {'rank':>4}  {'samples/s':>9}{extra}  {'peak memory':>12}"]
     for r in sorted(per_rank, key=lambda r: r["rank"]):
+        cells = f"  {r['ready_ms']:>13.1f}  {r['data_wait']:>9.0%}" if timed else ""
         lines.append(
-            f"  {r['rank']:>4}  {r['samples_per_s']:>9.0f}  {r['peak_memory_mb']:>9.0f} MB "
+            f"  {r['rank']:>4}  {r['samples_per_s']:>9.0f}{cells}  {r['peak_memory_mb']:>9.0f} MB "
             f"({r['memory_kind']})"
         )
     b = balance(per_rank)

@@ -7,13 +7,16 @@ stopped at once, whatever ``--max-failures`` allows:
 - a non-finite loss: the same data and weights diverge again;
 - the same error at the same optimizer step as an earlier attempt (a sample that cannot
   be decoded, a bug): it is deterministic, and with ``--max-failures -1`` it would be
-  retried forever. The worker loop notes the step on every error it raises.
+  retried forever. The worker loop notes the step on every error it raises. A hang (the
+  watchdog's reports, ``ray_ddp.hang_report``) counts as the same when its stuck ranks
+  are at the same places after the same step.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from ray_ddp.hang_report import latest_hang
 from ray_ddp.loss_guard import NonFiniteLossError, nonfinite_message
 
 STEP_NOTE = "ray_ddp: raised at optimizer step"
@@ -78,13 +81,16 @@ def nonfinite_loss(error: BaseException) -> str | None:
     return nonfinite_message(error)
 
 
-def stop_hopeless_retries():
-    """The Ray Train callback (it runs in the controller) that applies the rules above."""
+def stop_hopeless_retries(run_dir: str | None = None):
+    """The Ray Train callback (it runs in the controller) that applies the rules above,
+    and says so when the attempt hung (the hang reports in ``run_dir``): a hang that
+    repeats at the same place after the same step is not retried either."""
     from ray.train import UserCallback
 
     class StopHopelessRetries(UserCallback):
         def __init__(self) -> None:
             self.seen: Counter[str] = Counter()
+            self.hangs: set[str] = set()
 
         def after_exception(self, run_context, worker_exceptions) -> None:
             print(failure_line(worker_exceptions), flush=True)
@@ -92,8 +98,14 @@ def stop_hopeless_retries():
                 message = nonfinite_loss(error)
                 if message:
                     raise NonFiniteLossError(message)
+            signatures = {failure_signature(e) for e in worker_exceptions.values()}
+            hang = latest_hang(run_dir) if run_dir else None
+            if hang is not None and hang[0] not in self.hangs:  # this attempt's, not older
+                self.hangs.add(hang[0])
+                print(hang[0], flush=True)
+                signatures = {hang[1]}  # the lost ranks' messages differ, the place not
             # Once per attempt: several ranks failing alike count once.
-            for signature in {failure_signature(e) for e in worker_exceptions.values()}:
+            for signature in signatures:
                 self.seen[signature] += 1
                 if self.seen[signature] >= 2:
                     shown = signature.replace("\n", " | ")

@@ -29,6 +29,7 @@ CSV_FIELDS = (
     "epoch", "step", "train_loss", "lr", "samples_per_s", "epoch_s",
     "speed_max_min", "memory_max_min", "peak_memory_mb",
     "world_size", "accum_steps",  # an elastic run's epochs may differ
+    "data_wait_max", "data_wait_rank", "stragglers",  # space-separated ranks, or empty
 )  # fmt: skip
 
 
@@ -88,16 +89,19 @@ class RunLogs:
                 "train_loss",
                 *(k for k in metrics if k.startswith("val_")),
                 "samples_per_s",
-                *(k for k in ("world_size", "accum_steps") if k in metrics),
+                *(k for k in ("world_size", "accum_steps", "data_wait_max") if k in metrics),
             ):
                 self.writer.add_scalar(f"epoch/{key}", metrics[key], epoch)
+            if "stragglers" in metrics:
+                self.writer.add_scalar(
+                    "epoch/stragglers", len(metrics["stragglers"].split()), epoch
+                )
             for row in per_rank:
-                self.writer.add_scalar(
-                    f"ranks/samples_per_s/{row['rank']}", row["samples_per_s"], epoch
-                )
-                self.writer.add_scalar(
-                    f"ranks/peak_memory_mb/{row['rank']}", row["peak_memory_mb"], epoch
-                )
+                for key in ("samples_per_s", "peak_memory_mb", "ready_ms", "data_wait"):
+                    if key in row:
+                        self.writer.add_scalar(f"ranks/{key}/{row['rank']}", row[key], epoch)
+            if metrics.get("stragglers"):
+                self.writer.add_text("stragglers", f"ranks {metrics['stragglers']}", epoch)
             self.writer.flush()
         self._upload()
 

@@ -53,3 +53,32 @@ class StepTimer:
             "step_time_median_s": statistics.median(self.durations) if self.durations else None,
             "steady_samples_per_s_per_worker": self.samples_timed / timed if timed else None,
         }
+
+
+class EpochTiming:
+    """One rank's timing over an epoch, for the data-wait and straggler figures.
+
+    - ``data_wait_s``: time spent waiting for the next batch from the loader;
+    - per optimizer step, the time from the step's start (the end of the previous step)
+      until the rank is ready for the gradient all-reduce (data, forwards, the backwards
+      under ``no_sync``, the last forward): its own work, without the time it then waits
+      for slower ranks. DDP steps start together on every rank, so the rank whose
+      ready time is longest is the one the others wait for.
+    """
+
+    def __init__(self) -> None:
+        self.data_wait_s = 0.0
+        self.ready: list[tuple[int, float]] = []
+        """``(micro-batches this rank trained in the step, seconds until ready)``."""
+
+    def summary(self, train_seconds: float) -> dict[str, Any]:
+        """``data_wait`` (fraction of the training time), ``ready_ms`` (median over the
+        steps with this rank's usual number of micro-batches) and that number."""
+        out: dict[str, Any] = {
+            "data_wait": self.data_wait_s / train_seconds if train_seconds else 0.0
+        }
+        if self.ready:
+            usual = statistics.mode(count for count, _ in self.ready)
+            times = [seconds for count, seconds in self.ready if count == usual]
+            out.update(ready_ms=1000 * statistics.median(times), micro_per_step=usual)
+        return out

@@ -14,12 +14,13 @@ import contextlib
 import sys
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from ray_ddp import fault_injection as faults
+from ray_ddp import hang_watchdog as watch
 from ray_ddp import reporting
 from ray_ddp.collectives import world_size
 from ray_ddp.config import TrainConfig
@@ -28,12 +29,19 @@ from ray_ddp.loss_guard import LossGuard
 from ray_ddp.optim import optimizer_step
 from ray_ddp.precision import autocast
 from ray_ddp.seeding import seed_micro_batch
-from ray_ddp.step_timing import StepTimer
+from ray_ddp.step_timing import EpochTiming, StepTimer
 from ray_ddp.task import Task, map_tensors
 from ray_ddp.train_state import EpochSums, TrainState
 
 if TYPE_CHECKING:
     from ray_ddp.run_logs import RunLogs  # tensorboardX: not where the GPU check runs
+
+
+# What the hang watchdog reports a rank doing (ray_ddp.hang_watchdog).
+WAITING_FOR_DATA = "training: waiting for data from the loader"
+COMPUTING = "training: forward and backward"
+GRADIENT_SYNC = "training: backward with DDP's gradient all-reduce"
+OPTIMIZER_STEP = "training: after backward, before the optimizer step is done"
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,9 @@ class EpochTools:
     device: torch.device
     timer: StepTimer
     guard: LossGuard
+    timing: EpochTiming = field(default_factory=EpochTiming)
+    """This rank's data wait and ready times over the current epoch (the caller starts a
+    new one every epoch)."""
     logs: RunLogs | None = None
     """Rank 0's TensorBoard writer (None elsewhere)."""
     show_progress: bool = False
@@ -103,7 +114,24 @@ def train_epoch(
     ranks = world_size()  # DDP averages the ranks' gradients: each weighs by its share
     optimizer.zero_grad(set_to_none=True)
     tools.timer.restart()
-    for index, (slot, batch) in enumerate(zip(slots, loader, strict=True)):
+    timing = tools.timing
+    batches = iter(loader)
+    step_started = time.perf_counter()
+    micro_in_step = 0
+    for index, slot in enumerate(slots):
+        # An attempt's first step is slow by nature (loader workers start, kernels are
+        # chosen, a compile): the watchdog gives it the grace, as it does a pass's first batch.
+        first_step = tools.timer.steps == 0
+        watch.doing(WAITING_FOR_DATA, slow=first_step or index == 0)
+        fetch_started = time.perf_counter()
+        batch = next(batches, None)
+        timing.data_wait_s += time.perf_counter() - fetch_started
+        if batch is None:
+            raise RuntimeError(f"the loader ran out after {index} of {len(slots)} micro-batches")
+        watch.doing(COMPUTING, slow=first_step)
+        micro_in_step += 1
+        if slot.boundary:
+            faults.slow_down(cfg, guard.rank)  # part of the rank's own work, like a slow GPU
         # Only the boundary micro-step all-reduces gradients; the others accumulate
         # locally under no_sync() (the guide's version all-reduced on every micro-step).
         sync_context = (
@@ -119,6 +147,10 @@ def train_epoch(
             loss = faults.poison_loss(cfg, loss, progress.step + 1, guard.rank)
             where = f"epoch {plan.epoch + 1}, step {plan.first_step + slot.step + 1} of the epoch"
             guard.observe(loss, progress.step + 1, where)
+            if slot.boundary:
+                timing.ready.append((micro_in_step, time.perf_counter() - step_started))
+                if no_sync is not None:
+                    watch.doing(GRADIENT_SYNC, collective=True, slow=first_step)
             # The step's gradient is the mean over all its samples, however the ranks and
             # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
             # weighs by its share of the step's samples, times the ranks DDP divides by.
@@ -131,8 +163,10 @@ def train_epoch(
             if ledger is not None:
                 ledger.extend((progress.step + 1, i) for i in slot.indices)
         if slot.boundary:
+            watch.doing(OPTIMIZER_STEP, slow=first_step)
             faults.stall(cfg, guard.rank, progress.step + 1)
-            faults.slow_down(cfg, guard.rank)
+            if first_step:
+                faults.slow_start(cfg)
             if cfg.grad_clip > 0:
                 state.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -140,8 +174,10 @@ def train_epoch(
                 skipped += 1  # fp16 overflow: no update, and the schedule stays put
             optimizer.zero_grad(set_to_none=True)
             progress.step += 1
+            watch.progress("optimizer step", progress.step)
             tools.timer.step(window_samples)
-            window_samples = 0
+            window_samples = micro_in_step = 0
+            step_started = time.perf_counter()
             guard.maybe_check(progress.step)
             if tools.logs is not None and progress.step % cfg.log_every_steps == 0:
                 tools.logs.step(progress.step, loss.item(), state.lr)

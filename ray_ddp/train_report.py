@@ -11,6 +11,7 @@ from typing import Any
 
 import ray.train
 
+from ray_ddp import fault_injection as faults
 from ray_ddp import reporting
 from ray_ddp.checkpoint import save_state
 from ray_ddp.collectives import all_gather
@@ -61,15 +62,18 @@ def checkpoint_and_report(
     metrics: dict[str, Any],
     sums: EpochSums,
     samples_per_s: float = 0.0,
+    timing: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
-    at this optimizer-step boundary. Returns every rank's speed and memory."""
+    at this optimizer-step boundary. Returns every rank's speed, memory and ``timing``
+    (its epoch's data wait and ready time, ``EpochTiming.summary``)."""
     peak_mb, memory_kind = peak_memory(worker.device)
     stats = {
         "rank": worker.rank,
         "samples_per_s": samples_per_s,
         "peak_memory_mb": peak_mb,
         "memory_kind": memory_kind,
+        **(timing or {}),
     }
     # One collective for all of it: every rank's partial sums (for the checkpoint) and its
     # speed and memory (for the balance table). No RNG states: the step's randomness is
@@ -77,11 +81,12 @@ def checkpoint_and_report(
     gathered = all_gather({"sums": sums, "stats": stats})
     per_rank = [g["stats"] for g in gathered]
     if not metrics.get("mid_epoch"):
-        metrics.update(reporting.balance(per_rank))
+        metrics.update(reporting.balance(per_rank), **reporting.rank_timing(per_rank))
     if not worker.is_main:
         ray.train.report(metrics)
         return per_rank
     directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
+    faults.slow_checkpoint(cfg)
     try:
         save_state(
             directory,

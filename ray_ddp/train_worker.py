@@ -21,23 +21,28 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader
 
+from ray_ddp import fault_injection as faults
+from ray_ddp import hang_watchdog as watch
 from ray_ddp import reporting
+from ray_ddp.attempts import record_attempt
 from ray_ddp.checkpoint import check_compatible, task_meta
 from ray_ddp.collectives import all_gather, broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.comm_stats import attach_counter
 from ray_ddp.config import TrainConfig, global_batch
 from ray_ddp.global_order import GlobalOrderBatches, accumulation
+from ray_ddp.hang_dump import HangSite, handle_hang
+from ray_ddp.hang_report import hang_folder
 from ray_ddp.loaders import make_loaders
 from ray_ddp.loss_guard import LossGuard
 from ray_ddp.memory_format import use_channels_last
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import grad_scaler
-from ray_ddp.resume import find_restore_point, restore_training
+from ray_ddp.resume import Restored, find_restore_point, restore_training
 from ray_ddp.retry_policy import note_step
 from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
-from ray_ddp.step_timing import StepTimer
+from ray_ddp.step_timing import EpochTiming, StepTimer
 from ray_ddp.storage import join
 from ray_ddp.task import Task
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
@@ -116,6 +121,26 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
 
     # Restore: the weights before DDP broadcasts rank 0's, the rest once it all exists.
     restored = find_restore_point(cfg.resume_from, worker)
+    # From here on a rank that stops making progress is found (--hang-timeout).
+    watch.install(start_watchdog(cfg, worker, restored))
+    try:
+        return train_restored(cfg, worker, task, facts, data, model, meta, restored)
+    finally:
+        watch.install(None)
+
+
+def train_restored(
+    cfg: TrainConfig,
+    worker: Worker,
+    task: Task,
+    facts: dict[str, Any],
+    data: WorkerData,
+    model: torch.nn.Module,
+    meta: dict[str, Any],
+    restored: Restored | None,
+) -> dict[str, Any]:
+    """Load ``restored`` (if any), wrap the model, then train, evaluate, checkpoint and
+    report every epoch; returns the summary for the driver."""
     if restored is not None:
         check_compatible(restored.state, meta, restored.source)
         model.load_state_dict(restored.state["model"])
@@ -136,6 +161,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
             if max_steps_reached(cfg, progress.step):
                 break
             steps_before, syncs_before = progress.step, counter.syncs if counter else 0
+            tools.timing = EpochTiming()
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
             partial = fresh_sums(cfg)
             evaluated = validate(cfg, worker, task, state, data)
@@ -155,8 +181,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / steps
             speed = trained.own_trained / trained.seconds
             own = fresh_sums(cfg) if finished else trained.own
-            per_rank = checkpoint_and_report(cfg, worker, state, meta, metrics, own, speed)
-            log_epoch(cfg, worker, tools, metrics, per_rank, progress, data)
+            timing = tools.timing.summary(trained.seconds)
+            watch.doing("epoch end: checkpoint and report", slow=True)
+            per_rank = checkpoint_and_report(
+                cfg, worker, state, meta, metrics, own, speed, timing
+            )  # fmt: skip
+            log_epoch(cfg, worker, tools, metrics, per_rank, progress, data, ranks)
+            watch.progress("epoch end")
             run.add(metrics, trained, per_rank)
     except Exception as exc:
         note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
@@ -178,6 +209,7 @@ def build_worker_data(
             if is_distributed():
                 torch.distributed.barrier()
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
+    train_ds = faults.hang_loader(cfg, train_ds)
     train_loader, train_order, val_loader = make_loaders(
         cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
     )
@@ -243,6 +275,27 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
         show_progress=worker.is_main and cfg.progress_interval_s > 0,
         channels_last=channels_last,
     )
+
+
+def start_watchdog(
+    cfg: TrainConfig, worker: Worker, restored: Restored | None
+) -> watch.Watchdog | None:
+    """Number this attempt (rank 0 adds it to ``<run>/attempts.csv``; every rank learns
+    the number: a collective) and start the rank's hang watchdog, unless
+    ``--hang-timeout 0``."""
+    run_dir = join(cfg.storage_path, cfg.name or "")
+    step = restored.state["progress"]["step"] if restored else 0
+    attempt = record_attempt(run_dir, worker.world_size, step) if worker.is_main else 0
+    attempt = all_gather(attempt)[0]
+    if cfg.hang_timeout == 0:
+        return None
+    site = HangSite(worker.rank, worker.world_size, attempt, hang_folder(run_dir, attempt))
+    return watch.Watchdog(
+        on_hang=lambda stall: handle_hang(stall, site),
+        steady_s=cfg.hang_timeout,
+        grace_s=cfg.hang_grace,
+        peer_check=site.peer_found_hang,
+    ).start()
 
 
 def announce(
@@ -324,8 +377,11 @@ def train_one_epoch(
             break
         position = segment.end
         score = (f"val_{tools.task.best_metric}", tools.task.best_mode)
+        watch.doing("checkpoint inside the epoch", slow=True)
         write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums, score)
+        watch.progress(f"checkpoint at step {state.progress.step}")
     seconds = time.perf_counter() - started
+    watch.doing("epoch end: all-reduce of the epoch's sums", collective=True)
     totals = sum_over_ranks(
         {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}, worker.device
     )
@@ -351,9 +407,13 @@ def validate(
     the start of a synchronised forward, so after the epoch's last step every rank holds
     its own. Rank 0's are what gets saved: every rank evaluates with those."""
     model = unwrap(state.model)
+    watch.doing("evaluation: broadcast of rank 0's buffers", collective=True)
     broadcast_buffers(model)
+    batches = watch.watched(
+        data.val_loader, "evaluation", then="evaluation: all-reduce of the sums"
+    )
     with explain_oom(cfg, worker, "evaluation"):
-        return evaluate(model, data.val_loader, worker.device, task, cfg.amp)
+        return evaluate(model, batches, worker.device, task, cfg.amp)
 
 
 def better(task: Task, best: float | None, metrics: dict[str, Any]) -> float:
@@ -435,9 +495,13 @@ def log_epoch(
     per_rank: list[dict[str, Any]],
     progress: TrainProgress,
     data: WorkerData,
+    ranks: list[dict[str, Any]],
 ) -> None:
-    """The epoch line and the per-worker table from rank 0; the run logs' epoch row."""
+    """The epoch line, stragglers and the per-worker table from rank 0; the run logs'
+    epoch row. (``ranks``: the rank table's rows, for the stragglers' hosts.)"""
     worker.log(reporting.epoch_line(metrics, cfg.epochs))
+    for line in reporting.straggler_lines(per_rank, ranks):
+        worker.log(line)
     if progress.sample:  # stopped inside the epoch
         worker.log(
             f"stopped at --max-steps {cfg.max_steps}, sample {progress.sample}/"

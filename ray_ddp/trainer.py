@@ -15,6 +15,8 @@ from typing import Any
 
 from ray_ddp.cluster import prepare_cluster_run, worker_resources
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
+from ray_ddp.hang_report import latest_hang
+from ray_ddp.hang_settings import nccl_env, process_group_timeout_s
 from ray_ddp.preflight import PreparedTask
 from ray_ddp.rerun_guard import check_rerun, recorded_config, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
@@ -33,6 +35,10 @@ class Interrupted(Exception):
             f"interrupted: the workers were stopped; checkpoints in {run_dir} are intact. "
             f"Resume with the same flags and --name {cfg.name}"
         )
+
+
+class TrainingHung(Exception):
+    """The run's last attempt hung (the watchdog's line: stuck ranks, where, the stacks)."""
 
 
 def default_name(cfg: TrainConfig, task: Task) -> str:
@@ -84,6 +90,8 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
     if cfg.elastic:
         quick_elastic_restarts()
     trainer = build_trainer(cfg, prepared)
+    from ray.train import TrainingFailedError
+
     started = time.perf_counter()
     try:
         result = trainer.fit()
@@ -91,6 +99,11 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
         # Ray's own SIGINT handler has aborted the controller, which stops the workers,
         # then exits 0 as if all went well; say what happened instead.
         raise Interrupted(cfg) from exc
+    except TrainingFailedError as exc:
+        hang = latest_hang(run_dir)
+        if hang is not None:  # the last attempt hung: say where, not Ray's tracebacks
+            raise TrainingHung(hang[0]) from exc
+        raise
     wall_s = time.perf_counter() - started
     summary = build_summary(cfg, prepared.task, result, wall_s)
     if summary["best"]:
@@ -209,7 +222,7 @@ def build_trainer(
         loop or train_loop_per_worker,  # the evaluation job passes its own
         train_loop_config=loop_config,
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
-        torch_config=TorchConfig(backend=None),
+        torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg)),
         scaling_config=ScalingConfig(
             num_workers=scaling_workers(cfg),
             use_gpu=cfg.use_gpu,
@@ -227,8 +240,12 @@ def build_trainer(
             ),
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
-            callbacks=[stop_hopeless_retries(), *(callbacks or [])],
+            callbacks=[
+                stop_hopeless_retries(join(cfg.storage_path, cfg.name or "")),
+                *(callbacks or []),
+            ],
             failure_config=FailureConfig(max_failures=cfg.failures_allowed),
+            worker_runtime_env={"env_vars": nccl_env(cfg)} if cfg.use_gpu else None,
         ),
     )
 

@@ -327,6 +327,7 @@ TRAIN_FLAGS = {
     "--task",  # issue 13: your own model, data and loss
     "--resources-per-worker",  # issue 14: custom resources (autoscaled node types)
     "--resize-check-s",  # issue 15: elastic runs
+    "--hang-timeout", "--hang-grace",  # issue 16: the hang watchdog
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
@@ -396,7 +397,7 @@ def test_every_train_field_has_a_flag_that_sets_it():
     assert cfg == dataclasses.replace(TrainConfig(), **values)
     internal = {"progress_interval_s", "log_prefix", "inject_nan_step", "inject_nan_rank"}
     internal |= {"stall_step", "stall_rank", "stall_s", "sample_ledger", "slow_step_s"}
-    internal |= {"slow_rank"}  # testing aids
+    internal |= {"slow_rank", "slow_start_s", "slow_checkpoint_s", "hang_loader_sample"}
     internal |= {"min_workers"}  # set by --num-workers MIN-MAX
     assert set(values) | internal == {f.name for f in dataclasses.fields(TrainConfig)}
     # The off switches of the tri-state flags, and a strategy in lower case.

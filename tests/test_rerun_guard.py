@@ -53,6 +53,8 @@ HAND_WRITTEN = {
     # count or the accumulation that make it; elastic settings; testing aids.
     "num_workers", "accum_steps", "min_workers", "resize_check_s", "stall_step", "stall_rank",
     "stall_s", "sample_ledger", "slow_step_s", "slow_rank",
+    # Issue 16: when a rank counts as hung; testing aids.
+    "hang_timeout", "hang_grace", "slow_start_s", "slow_checkpoint_s", "hang_loader_sample",
 }  # fmt: skip
 
 

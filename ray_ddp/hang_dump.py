@@ -1,0 +1,213 @@
+"""What a hung rank leaves behind, and how its attempt ends.
+
+On a :class:`~ray_ddp.hang_watchdog.Stall` the rank writes
+``<run>/hangs/attempt-<N>/rank-<r>.txt``: a header of ``key: value`` lines (read back by
+``ray_ddp.hang_report``), every thread's Python stack, and, where py-spy is installed (it
+ships with ``ray[default]``), the native stacks of the rank and of its DataLoader worker
+processes; on NCCL, the flight recorder's trace beside it (``rank-<r>.nccl-trace.pkl``).
+It then waits up to ``PEER_WAIT_S`` for the other ranks' files, kills its DataLoader
+workers and ends its process with ``EXIT_HUNG``: Ray Train sees a failed attempt, which
+``--max-failures`` restarts from the latest checkpoint like any other failure.
+
+Ending the process is the one way out that always works: a thread stuck in a collective or
+in ``time.sleep`` cannot be made to raise, and the process group's timeout is far away.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import FrameType
+
+from ray_ddp.hang_watchdog import Stall
+from ray_ddp.storage import exists, join, write_bytes
+
+EXIT_HUNG = 75
+"""The exit status of a rank the watchdog ended."""
+PEER_WAIT_S = 30.0
+"""How long a hung rank waits for the other ranks' stack files before it exits (they
+notice the hang within about one step of each other; a rank that cannot run Python at all
+never writes one)."""
+PY_SPY_TIMEOUT_S = 20.0
+DETECTED = "detected"
+"""The marker the first rank to find a hang writes in the attempt's folder: ranks still
+inside a longer allowance see it (``peer_check``) and write their stacks too."""
+
+
+@dataclass(frozen=True)
+class HangSite:
+    """Where a rank's hang report goes."""
+
+    rank: int
+    world_size: int
+    attempt: int
+    folder: str
+    """``<run>/hangs/attempt-<N>`` (a local path or a storage URI)."""
+
+    def rank_file(self, rank: int) -> str:
+        return join(self.folder, f"rank-{rank}.txt")
+
+    def peer_found_hang(self) -> bool:
+        return exists(join(self.folder, DETECTED))
+
+
+def handle_hang(stall: Stall, site: HangSite, end: Callable[[int], None] = os._exit) -> None:
+    """Write this rank's report, wait for the others', stop the DataLoader workers and end
+    the process (``end``; a test passes its own)."""
+    if not stall.by_peer and not site.peer_found_hang():
+        write_bytes(join(site.folder, DETECTED), f"rank {site.rank}\n".encode())
+    children = multiprocessing.active_children()  # DataLoader workers, among others
+    write_bytes(site.rank_file(site.rank), report_text(stall, site, children).encode())
+    collect_nccl_trace(site)
+    deadline = time.monotonic() + PEER_WAIT_S
+    while time.monotonic() < deadline and not all(
+        exists(site.rank_file(r)) for r in range(site.world_size)
+    ):
+        time.sleep(0.2)
+    for child in children:
+        child.kill()  # a hung loader worker would outlive us otherwise
+    sys.stdout.flush()
+    end(EXIT_HUNG)
+
+
+def report_text(stall: Stall, site: HangSite, children: list | None = None) -> str:
+    frames = sys._current_frames()
+    train_frame = frames.get(stall.thread_id)
+    call = collective_call(train_frame)
+    spy = py_spy()
+    native = {}
+    if spy is not None:
+        native[os.getpid()] = run_py_spy(spy, os.getpid(), native=True)
+        for child in children or []:
+            native[child.pid] = run_py_spy(spy, child.pid, native=False)
+    loaders = [c.pid for c in children or []]
+    header = {
+        "rank": f"{site.rank} of {site.world_size}",
+        "attempt": str(site.attempt),
+        "host": socket.gethostname(),
+        "pid": str(os.getpid()),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "idle_s": f"{stall.idle_s:.1f}",
+        "allowed_s": f"{stall.allowed_s:.1f}",
+        "found_by": "another rank's watchdog" if stall.by_peer else "this rank's watchdog",
+        "last_progress": stall.last_progress,
+        "phase": stall.phase + (f" (in {call})" if call else ""),
+        "collective": "yes" if stall.collective or call else "no",
+        "where": where(train_frame) if train_frame is not None else "unknown",
+        "loader_workers": " ".join(map(str, loaders)) or "none",
+        "loading": "; ".join(
+            f"pid {pid} in {loading_frame(native[pid])}"
+            for pid in loaders
+            if loading_frame(native.get(pid, ""))
+        )
+        or "nothing",
+    }
+    parts = ["# ray_ddp hang report", *(f"{k}: {v}" for k, v in header.items()), ""]
+    parts.append("== Python stacks (every thread; the training thread first) ==")
+    parts.append(python_stacks(frames, stall.thread_id))
+    if spy is None:
+        parts.append("== native stacks: py-spy not found (pip install py-spy) ==")
+        return "\n".join(parts) + "\n"
+    parts.append(f"== native stacks of this rank (py-spy dump --native --pid {os.getpid()}) ==")
+    parts.append(native[os.getpid()])
+    for pid in loaders:
+        parts.append(f"== DataLoader worker pid {pid} (py-spy dump) ==")
+        parts.append(native[pid])
+    return "\n".join(parts) + "\n"
+
+
+def loading_frame(dump: str) -> str | None:
+    """The innermost frame of a DataLoader worker's py-spy dump while it fetches samples
+    (one waiting for its next index is idle in ``Queue.get``: None)."""
+    lines = [line.strip() for line in dump.splitlines()]
+    for start, line in enumerate(lines):
+        if line.startswith("Thread "):
+            stack = []
+            for frame in lines[start + 1 :]:
+                if not frame or frame.startswith("Thread "):
+                    break
+                stack.append(frame)
+            if any(f.startswith("_MapDatasetFetcher.fetch") or "fetch (" in f for f in stack):
+                return stack[0]
+    return None
+
+
+def where(frame: FrameType) -> str:
+    """The innermost Python frame, ``file:line in function``."""
+    return (
+        f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+    )
+
+
+def collective_call(frame: FrameType | None) -> str | None:
+    """The collective the stack is in, if it shows one: the outermost ``torch.distributed``
+    call (``all_gather_object`` rather than the ``all_gather`` inside it), or DDP's buffer
+    broadcast at a forward. (DDP's gradient all-reduce runs inside autograd, below Python:
+    the loop's phase says that one.)"""
+    found = None
+    while frame is not None:
+        path = frame.f_code.co_filename.replace(os.sep, "/")
+        name = frame.f_code.co_name
+        if path.endswith("torch/distributed/distributed_c10d.py") and not name.startswith("_"):
+            found = f"torch.distributed.{name}"
+        elif path.endswith("torch/nn/parallel/distributed.py") and "sync" in name:
+            found = f"DistributedDataParallel.{name}"
+        frame = frame.f_back
+    return found
+
+
+def python_stacks(frames: dict[int, FrameType], train_thread: int) -> str:
+    names = {t.ident: t.name for t in threading.enumerate()}
+    order = sorted(frames, key=lambda ident: ident != train_thread)
+    blocks = []
+    for ident in order:
+        tag = " (training loop)" if ident == train_thread else ""
+        stack = "".join(traceback.format_stack(frames[ident]))
+        blocks.append(f"-- thread {names.get(ident, ident)}{tag}\n{stack}")
+    return "\n".join(blocks)
+
+
+def py_spy() -> str | None:
+    """py-spy beside this Python (a virtual environment's bin/) or on PATH."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def run_py_spy(spy: str, pid: int, native: bool) -> str:
+    command = [spy, "dump", "--pid", str(pid), *(["--native"] if native else [])]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=PY_SPY_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"py-spy failed: {exc}"
+    return done.stdout if done.returncode == 0 else f"py-spy failed: {done.stderr.strip()}"
+
+
+def collect_nccl_trace(site: HangSite) -> None:
+    """On NCCL: the flight recorder's record of the last collectives (what each rank
+    started and finished), as torch dumps it, beside the stacks."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if dist.get_backend() != "nccl":
+        return
+    try:
+        from torch._C._distributed_c10d import _dump_nccl_trace
+
+        write_bytes(join(site.folder, f"rank-{site.rank}.nccl-trace.pkl"), _dump_nccl_trace())
+    except Exception as exc:  # noqa: BLE001 - a missing trace must not stop the report
+        print(f"NCCL flight recorder: no trace ({type(exc).__name__}: {exc})", flush=True)
+    # What NCCL's own watchdog dumped earlier (a collective past the group's timeout).
+    prefix = os.environ.get("TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
+    if prefix and os.path.isfile(f"{prefix}{site.rank}"):
+        with open(f"{prefix}{site.rank}", "rb") as file:
+            write_bytes(join(site.folder, f"rank-{site.rank}.nccl-timeout-dump"), file.read())

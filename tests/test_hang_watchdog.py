@@ -1,0 +1,312 @@
+"""The hang watchdog's rules, its report and the line made of the reports, the straggler
+rule and the hang settings, without Ray (a real watchdog thread, real stacks, and a real
+2-process gloo group for the collective a stack shows)."""
+
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import os
+import socket
+import threading
+import time
+
+import pytest
+
+from ray_ddp import hang_dump, reporting
+from ray_ddp.attempts import last_attempt, record_attempt
+from ray_ddp.config import TrainConfig
+from ray_ddp.hang_dump import HangSite, handle_hang, loading_frame, report_text
+from ray_ddp.hang_report import hang_folder, hang_line, hang_signature, latest_hang, parse_header
+from ray_ddp.hang_settings import nccl_env, process_group_timeout_s
+from ray_ddp.hang_watchdog import AUTO_FLOOR_S, Stall, Watchdog
+from ray_ddp.step_timing import EpochTiming
+
+
+def watching(steady_s: float | None, grace_s: float, peer_check=None) -> tuple[Watchdog, list]:
+    stalls: list[tuple[float, Stall]] = []
+    watchdog = Watchdog(
+        lambda stall: stalls.append((time.monotonic(), stall)), steady_s, grace_s, peer_check
+    )
+    return watchdog, stalls
+
+
+def test_progress_keeps_it_quiet_and_silence_past_the_timeout_is_a_hang():
+    watchdog, stalls = watching(steady_s=0.4, grace_s=5)
+    watchdog.start()
+    watchdog.doing("training")
+    for step in range(1, 21):  # 1 s of steps, each well inside 0.4 s
+        time.sleep(0.05)
+        watchdog.progress("optimizer step", step)
+    assert not stalls
+    silent_from = time.monotonic()
+    watchdog.doing("training: waiting for data", collective=False)
+    time.sleep(1.2)
+    watchdog.stop()
+    assert len(stalls) == 1, "found once"
+    found_at, stall = stalls[0]
+    assert 0.4 <= found_at - silent_from <= 0.4 + 2 * watchdog.check_s + 0.2
+    assert stall.phase == "training: waiting for data" and not stall.collective
+    assert stall.last_progress == "optimizer step 20" and stall.thread_id == threading.get_ident()
+
+
+def test_what_is_slow_by_nature_gets_the_grace():
+    watchdog, stalls = watching(steady_s=0.3, grace_s=1.2)
+    watchdog.start()
+    watchdog.doing("checkpoint", slow=True)
+    time.sleep(0.9)  # three times the steady allowance, inside the grace
+    assert not stalls
+    time.sleep(0.8)
+    watchdog.stop()
+    assert [s.phase for _, s in stalls] == ["checkpoint"] and stalls[0][1].allowed_s == 1.2
+
+
+def test_a_rank_inside_its_grace_writes_its_stacks_once_another_rank_found_a_hang():
+    found = threading.Event()
+    watchdog, stalls = watching(steady_s=0.2, grace_s=30, peer_check=found.is_set)
+    watchdog.start()
+    watchdog.doing("epoch end: checkpoint and report", slow=True)
+    time.sleep(0.5)
+    assert not stalls
+    found.set()
+    time.sleep(0.3)
+    watchdog.stop()
+    assert len(stalls) == 1 and stalls[0][1].by_peer
+
+
+def test_the_auto_timeout_follows_the_step_time_within_its_floor_and_the_grace():
+    watchdog, _ = watching(steady_s=None, grace_s=600)
+    assert watchdog.steady_allowance() == 600, "no step time known yet: the grace"
+    for step in range(1, 8):
+        watchdog.progress("optimizer step", step)
+    assert watchdog.steady_allowance() == AUTO_FLOOR_S  # fast steps: the floor
+    watchdog._intervals.extend([10.0] * 50)  # 10 s steps: 20 x 10 s
+    assert watchdog.steady_allowance() == 200
+    short_grace, _ = watching(steady_s=None, grace_s=60)
+    short_grace._intervals.extend([10.0] * 50)
+    assert short_grace.steady_allowance() == 60, "never past the grace"
+    explicit, _ = watching(steady_s=900, grace_s=60)
+    assert explicit.allowance() == 900 and explicit.grace_s == 900
+
+
+def test_an_interval_broken_by_other_work_is_not_a_step_time():
+    watchdog, _ = watching(steady_s=None, grace_s=600)
+    watchdog.progress("optimizer step", 1)
+    watchdog.progress("checkpoint at step 1")
+    watchdog.progress("optimizer step", 2)
+    watchdog.progress("optimizer step", 4)  # a resumed count, not the next step
+    assert len(watchdog._intervals) == 0
+    watchdog.progress("optimizer step", 5)
+    assert len(watchdog._intervals) == 1
+
+
+def _sleeping_thread() -> tuple[threading.Thread, threading.Event]:
+    release = threading.Event()
+
+    def stuck_in_a_sleep() -> None:
+        release.wait(30)
+
+    thread = threading.Thread(target=stuck_in_a_sleep, name="train")
+    thread.start()
+    time.sleep(0.1)
+    return thread, release
+
+
+def test_the_report_has_the_stuck_threads_stack_and_a_header_to_read_back(tmp_path):
+    thread, release = _sleeping_thread()
+    stall = Stall(5.2, 5.0, "training: forward and backward", False, "optimizer step 7",
+                  thread.ident)  # fmt: skip
+    site = HangSite(rank=1, world_size=2, attempt=3, folder=str(tmp_path))
+    try:
+        text = report_text(stall, site)
+    finally:
+        release.set()
+        thread.join()
+    header = parse_header(text)
+    assert header["rank"] == "1 of 2" and header["attempt"] == "3"
+    assert header["where"].startswith("threading.py:") and header["where"].endswith("in wait")
+    assert header["collective"] == "no" and header["last_progress"] == "optimizer step 7"
+    assert "in stuck_in_a_sleep" in text  # the training thread's Python stack, first
+    assert text.index("(training loop)") < text.index("-- thread MainThread")
+    if hang_dump.py_spy() is not None:
+        assert f"py-spy dump --native --pid {os.getpid()}" in text
+
+
+def test_a_hung_rank_writes_its_report_waits_for_the_others_then_ends(tmp_path, monkeypatch):
+    monkeypatch.setattr(hang_dump, "PEER_WAIT_S", 1.0)
+    monkeypatch.setattr(hang_dump, "py_spy", lambda: None)  # this test is about the rest
+    site = HangSite(rank=0, world_size=2, attempt=1, folder=str(tmp_path / "attempt-1"))
+    stall = Stall(3.1, 3.0, "training: waiting for data from the loader", False,
+                  "optimizer step 2", threading.get_ident())  # fmt: skip
+    ended = []
+    started = time.monotonic()
+    handle_hang(stall, site, end=ended.append)
+    assert ended == [hang_dump.EXIT_HUNG]
+    assert 1.0 <= time.monotonic() - started < 3, "waited for rank 1's report, not forever"
+    assert (tmp_path / "attempt-1" / "detected").read_text() == "rank 0\n"
+    assert "py-spy not found" in (tmp_path / "attempt-1" / "rank-0.txt").read_text()
+
+
+def _report(rank: int, collective: bool, where: str, phase: str, last: str, **extra) -> dict:
+    return {"rank": f"{rank} of 3", "idle_s": "4.2", "allowed_s": "4.0", "where": where,
+            "phase": phase, "last_progress": last, "collective": "yes" if collective else "no",
+            **extra}  # fmt: skip
+
+
+def test_the_line_names_the_stuck_rank_the_waiting_ones_and_the_silent_one():
+    reports = {
+        0: _report(0, True, "graph.py:1 in _engine_run_backward", "training: backward",
+                   "optimizer step 13"),
+        1: _report(1, False, "fault_injection.py:49 in stall", "training: optimizer step",
+                   "optimizer step 12"),
+    }  # fmt: skip
+    line = hang_line("runs/x/hangs/attempt-2", 2, reports, world_size=3)
+    assert line == (
+        "hang on attempt 2: no progress for 4 s (allowed 4 s). stuck: rank 1 in "
+        "fault_injection.py:49 in stall (training: optimizer step; after optimizer step 12). "
+        "waiting for them in a collective: rank 0 (training: backward; after optimizer step "
+        "13). no report from rank 2. Stacks: runs/x/hangs/attempt-2"
+    )
+    moved = {**reports, 0: {**reports[0], "idle_s": "9.0"}}
+    assert hang_signature(moved) == hang_signature(reports), "the same place, the same hang"
+    elsewhere = {**reports, 1: {**reports[1], "last_progress": "optimizer step 40"}}
+    assert hang_signature(elsewhere) != hang_signature(reports)
+
+
+def test_a_stuck_loader_is_named_by_the_frame_its_worker_is_in():
+    dump = """Process 42: ray::RayTrainWorker
+Thread 42 (idle): "MainThread"
+    HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)
+    _MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:54)
+    _worker_loop (torch/utils/data/_utils/worker.py:375)
+"""
+    idle = dump.replace("    HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)\n", "")
+    idle = idle.replace("_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:54)",
+                        "Queue.get (multiprocessing/queues.py:113)")  # fmt: skip
+    assert loading_frame(dump) == "HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)"
+    assert loading_frame(idle) is None
+    loading = "pid 42 in HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)"
+    report = _report(0, False, "selectors.py:415 in select",
+                     "training: waiting for data from the loader", "optimizer step 7",
+                     loading=loading)  # fmt: skip
+    assert "its DataLoader: pid 42 in HangOnSample.__getitem__" in hang_line("f", 1, {0: report}, 1)
+
+
+def test_the_latest_attempts_hang_is_read_back_and_an_older_one_is_not(tmp_path):
+    run_dir = str(tmp_path)
+    assert latest_hang(run_dir) is None
+    assert record_attempt(run_dir, 2, 0) == 1
+    folder = hang_folder(run_dir, 1)
+    os.makedirs(folder)
+    text = "# ray_ddp hang report\n" + "".join(
+        f"{k}: {v}\n" for k, v in _report(1, False, "x.py:1 in f", "p", "optimizer step 3").items()
+    )
+    with open(os.path.join(folder, "rank-1.txt"), "w") as file:
+        file.write(text + "\n== Python stacks ==\n")
+    line, signature = latest_hang(run_dir)
+    assert "stuck: rank 1 in x.py:1 in f" in line and "no report from rank 0" in line
+    assert signature == "hang: rank 1 at x.py:1 in f after optimizer step 3"
+    assert record_attempt(run_dir, 1, 3) == 2
+    assert last_attempt(run_dir)["world_size"] == "1"
+    assert latest_hang(run_dir) is None, "attempt 2 did not hang"
+
+
+def _rank_in_all_reduce(rank: int, port: int, out) -> None:
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    if rank == 1:
+        time.sleep(4)  # rank 0 waits for it
+    else:
+        main = threading.get_ident()
+
+        def look() -> None:
+            time.sleep(1.5)
+            out.put(hang_dump.collective_call(__import__("sys")._current_frames()[main]))
+
+        threading.Thread(target=look).start()
+    dist.all_reduce(torch.ones(1))
+    dist.destroy_process_group()
+
+
+def test_a_stack_waiting_in_a_torch_distributed_call_is_seen_as_in_a_collective():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    ranks = [context.Process(target=_rank_in_all_reduce, args=(r, port, out)) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    try:
+        assert out.get(timeout=60) == "torch.distributed.all_reduce"
+    finally:
+        for process in ranks:
+            process.join(timeout=30)
+    assert [p.exitcode for p in ranks] == [0, 0]
+
+
+def test_stragglers_are_ranks_much_slower_than_the_others_with_as_many_micro_batches():
+    def row(rank: int, ready: float, micro: int = 1, wait: float = 0.0) -> dict:
+        return {"rank": rank, "ready_ms": ready, "micro_per_step": micro, "data_wait": wait}
+
+    even = [row(0, 10.0), row(1, 11.5), row(2, 9.0), row(3, 10.4)]
+    assert reporting.stragglers(even) == []
+    slow = [*even[:3], row(3, 31.0)]
+    assert reporting.stragglers(slow) == [(3, 31.0, 10.0)]
+    # An uneven split: ranks 0-1 train 2 micro-batches per step, 2-3 one. Not stragglers.
+    uneven = [row(0, 20.0, 2), row(1, 21.0, 2), row(2, 10.0), row(3, 10.5)]
+    assert reporting.stragglers(uneven) == []
+    tiny = [row(0, 1.0), row(1, 2.0)]  # 2x, but 1 ms: timer noise on a tiny step
+    assert reporting.stragglers(tiny) == []
+    timing = reporting.rank_timing([row(0, 10.0, wait=0.02), row(1, 31.0, wait=0.4)])
+    assert timing == {"data_wait_max": 0.4, "data_wait_rank": 1, "stragglers": "1"}
+    rows = [{"rank": r, "host": "gpu-7", "node_id": "abcdef123456"} for r in (0, 1)]
+    (line,) = reporting.straggler_lines([row(0, 10.0), row(1, 31.0)], rows)
+    assert line.startswith("straggler: rank 1 (gpu-7, node abcdef12) needs 31.0 ms per step")
+
+
+def test_the_epoch_line_shows_a_large_data_wait_and_the_table_every_ranks():
+    metrics = {"epoch": 1, "train_loss": 1.0, "val_acc": 0.5, "lr": 1e-3,
+               "samples_per_s": 100.0, "epoch_s": 2.0}  # fmt: skip
+    assert "data wait" not in reporting.epoch_line({**metrics, "data_wait_max": 0.05,
+                                                    "data_wait_rank": 1}, 3)  # fmt: skip
+    line = reporting.epoch_line({**metrics, "data_wait_max": 0.34, "data_wait_rank": 1}, 3)
+    assert line.endswith("data wait 34% (rank 1)")
+    table = reporting.worker_table([
+        {"rank": r, "samples_per_s": 50.0, "peak_memory_mb": 900.0, "memory_kind": "peak RSS",
+         "ready_ms": 3.0 + r, "data_wait": 0.1 * r} for r in (0, 1)
+    ])  # fmt: skip
+    assert "ready ms/step  data wait" in table
+    assert table.splitlines()[2].split()[:4] == ["1", "50", "4.0", "10%"]
+
+
+def test_epoch_timing_takes_the_median_of_the_steps_with_the_usual_micro_batch_count():
+    timing = EpochTiming()
+    timing.data_wait_s = 0.5
+    timing.ready.extend([(2, 0.010), (2, 0.012), (2, 0.011), (1, 0.5), (2, 0.9)])
+    summary = timing.summary(train_seconds=5.0)
+    assert summary == {"data_wait": 0.1, "ready_ms": pytest.approx(11.5), "micro_per_step": 2}
+
+
+def test_the_process_group_timeout_comes_after_every_allowance_and_nccl_is_set_up():
+    cfg = TrainConfig(num_workers=2, name="r")
+    assert process_group_timeout_s(cfg) == 2 * 600 + 60
+    assert process_group_timeout_s(dataclasses.replace(cfg, hang_timeout=0)) == 1800
+    assert (
+        process_group_timeout_s(dataclasses.replace(cfg, hang_timeout=900, hang_grace=60)) == 1860
+    )
+    assert nccl_env(dataclasses.replace(cfg, use_gpu=False)) == {}
+    env = nccl_env(dataclasses.replace(cfg, use_gpu=True))
+    assert (
+        env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
+    )
+    assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/ray_ddp_nccl_trace_r_rank_"
+    os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "50"
+    try:
+        assert (
+            nccl_env(dataclasses.replace(cfg, use_gpu=True))["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
+        )
+    finally:
+        del os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]
