@@ -15,6 +15,7 @@ in ``time.sleep`` cannot be made to raise, and the process group's timeout is fa
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
 import shutil
@@ -38,6 +39,7 @@ PEER_WAIT_S = 30.0
 notice the hang within about one step of each other; a rank that cannot run Python at all
 never writes one)."""
 PY_SPY_TIMEOUT_S = 20.0
+PR_SET_PTRACER, PR_SET_PTRACER_ANY = 0x59616D61, 2**64 - 1  # linux/prctl.h
 DETECTED = "detected"
 """The marker the first rank to find a hang writes in the attempt's folder: ranks still
 inside a longer allowance see it (``peer_check``) and write their stacks too."""
@@ -86,6 +88,7 @@ def report_text(stall: Stall, site: HangSite, children: list | None = None) -> s
     spy = py_spy()
     native = {}
     if spy is not None:
+        allow_tracing()
         native[os.getpid()] = run_py_spy(spy, os.getpid(), native=True)
         for child in children or []:
             native[child.pid] = run_py_spy(spy, child.pid, native=False)
@@ -180,6 +183,18 @@ def py_spy() -> str | None:
     """py-spy beside this Python (a virtual environment's bin/) or on PATH."""
     beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
     return beside if os.access(beside, os.X_OK) else shutil.which("py-spy")
+
+
+def allow_tracing() -> None:
+    """Let py-spy, a child of this process, read this process where Yama's
+    ``ptrace_scope`` 1 (Ubuntu's default) lets a process trace its descendants only.
+    (Its DataLoader workers cannot be asked: where that blocks py-spy, their part of the
+    report says so, and their Python stacks are not in it.)"""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PTRACER, ctypes.c_ulong(PR_SET_PTRACER_ANY), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: nothing to allow
 
 
 def run_py_spy(spy: str, pid: int, native: bool) -> str:
