@@ -112,6 +112,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     cfg = TrainConfig.from_dict(config["config"])
     task, facts = config["task"], config["facts"]
     worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+    attempt = number_attempt(cfg, worker)  # first: whatever fails later is this attempt's
 
     # Build: the data (its size sets the schedule), then the model, identical on all ranks.
     data = build_worker_data(cfg, worker, task, facts)
@@ -122,7 +123,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     # Restore: the weights before DDP broadcasts rank 0's, the rest once it all exists.
     restored = find_restore_point(cfg.resume_from, worker)
     # From here on a rank that stops making progress is found (--hang-timeout).
-    watch.install(start_watchdog(cfg, worker, restored))
+    watch.install(start_watchdog(cfg, worker, attempt))
     try:
         return train_restored(cfg, worker, task, facts, data, model, meta, restored)
     finally:
@@ -277,18 +278,22 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
     )
 
 
-def start_watchdog(
-    cfg: TrainConfig, worker: Worker, restored: Restored | None
-) -> watch.Watchdog | None:
-    """Number this attempt (rank 0 adds it to ``<run>/attempts.csv``; every rank learns
-    the number: a collective) and start the rank's hang watchdog, unless
-    ``--hang-timeout 0``."""
-    run_dir = join(cfg.storage_path, cfg.name or "")
-    step = restored.state["progress"]["step"] if restored else 0
-    attempt = record_attempt(run_dir, worker.world_size, step) if worker.is_main else 0
-    attempt = all_gather(attempt)[0]
+def number_attempt(cfg: TrainConfig, worker: Worker) -> int:
+    """This attempt's number: rank 0 adds it to ``<run>/attempts.csv``, every rank learns
+    it (a collective)."""
+    if worker.is_main:
+        checkpoint = ray.train.get_checkpoint()
+        name = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else ""
+        run_dir = join(cfg.storage_path, cfg.name or "")
+        return all_gather(record_attempt(run_dir, worker.world_size, name))[0]
+    return all_gather(0)[0]
+
+
+def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: int) -> watch.Watchdog | None:
+    """The rank's hang watchdog, started, unless ``--hang-timeout 0``."""
     if cfg.hang_timeout == 0:
         return None
+    run_dir = join(cfg.storage_path, cfg.name or "")
     site = HangSite(worker.rank, worker.world_size, attempt, hang_folder(run_dir, attempt))
     return watch.Watchdog(
         on_hang=lambda stall: handle_hang(stall, site),

@@ -195,7 +195,7 @@ Thread 42 (idle): "MainThread"
 def test_the_latest_attempts_hang_is_read_back_and_an_older_one_is_not(tmp_path):
     run_dir = str(tmp_path)
     assert latest_hang(run_dir) is None
-    assert record_attempt(run_dir, 2, 0) == 1
+    assert record_attempt(run_dir, 2, "") == 1
     folder = hang_folder(run_dir, 1)
     os.makedirs(folder)
     text = "# ray_ddp hang report\n" + "".join(
@@ -206,8 +206,9 @@ def test_the_latest_attempts_hang_is_read_back_and_an_older_one_is_not(tmp_path)
     line, signature = latest_hang(run_dir)
     assert "stuck: rank 1 in x.py:1 in f" in line and "no report from rank 0" in line
     assert signature == "hang: rank 1 at x.py:1 in f after optimizer step 3"
-    assert record_attempt(run_dir, 1, 3) == 2
+    assert record_attempt(run_dir, 1, "checkpoint_2026-11-30_22-35-42.586027") == 2
     assert last_attempt(run_dir)["world_size"] == "1"
+    assert last_attempt(run_dir)["checkpoint"] == "checkpoint_2026-11-30_22-35-42.586027"
     assert latest_hang(run_dir) is None, "attempt 2 did not hang"
 
 

@@ -62,7 +62,9 @@ def test_a_hung_rank_is_found_dumped_and_the_run_recovers_exactly(straight_run, 
     assert "hang on attempt 1: " in out and "stuck: rank 1 in fault_injection.py" in out
     with open(os.path.join(run_dir, "attempts.csv")) as file:
         attempts = list(csv.DictReader(file))
-    assert [(a["attempt"], a["step"]) for a in attempts] == [("1", "0"), ("2", "10")]
+    assert [(a["attempt"], a["world_size"]) for a in attempts] == [("1", "2"), ("2", "2")]
+    assert not attempts[0]["checkpoint"]  # attempt 2 resumed from the checkpoint of step 10:
+    assert f"{attempts[1]['checkpoint']}: 0 epochs, 10 steps done, 640 samples into" in out
     assert summary["epochs_completed"] == EXACT_RUN["epochs"]
     assert_same_weights(
         load_state(summary["latest_checkpoint"])["model"],
