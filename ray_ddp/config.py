@@ -312,6 +312,9 @@ class TrainConfig:
     """Testing aid: the rank ``stall_step`` stops."""
     stall_s: float = option(3600.0, resume_safe=True, cli=False)
     """Testing aid: how long ``stall_step`` sleeps."""
+    stall_frozen: bool = option(False, resume_safe=True, cli=False)
+    """Testing aid: the ``stall_step`` sleep holds Python's lock (a native call that never
+    returns): no thread of that process runs, its watchdog included."""
     slow_step_s: float = option(0.0, resume_safe=True, cli=False)
     """Testing aid: every optimizer step of rank ``slow_rank`` (None: of every rank) takes
     this many seconds longer."""

@@ -5,7 +5,8 @@ unless its field is set.
 - ``inject_nan_step`` / ``inject_nan_rank``: one rank's loss turns NaN at one step, the
   way a diverging model's does;
 - ``stall_step`` / ``stall_rank`` / ``stall_s``: one rank stops at one step, once per run
-  (a node about to be lost, a hang), and says so in a file the test waits for;
+  (a node about to be lost, a hang), and says so in a file the test waits for; with
+  ``stall_frozen`` it holds Python's lock while it does (its own watchdog cannot run);
 - ``slow_step_s`` / ``slow_rank``: every optimizer step of a rank (or of all) takes this
   much longer, so a test has time to act while training goes on, or a straggler is seen;
 - ``slow_start_s`` / ``slow_checkpoint_s``: an attempt's first step, and every checkpoint,
@@ -16,6 +17,7 @@ unless its field is set.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import time
 
@@ -46,7 +48,12 @@ def stall(cfg: TrainConfig, rank: int, step: int) -> None:
         return
     with open(marker, "w") as file:
         file.write(f"{step} {os.getpid()}\n")
-    time.sleep(cfg.stall_s)
+    if cfg.stall_frozen:
+        # libc's sleep called without releasing Python's lock, as a native call that never
+        # returns would: no other thread of the process (its watchdog) runs meanwhile.
+        ctypes.PyDLL(None).sleep(int(cfg.stall_s))
+    else:
+        time.sleep(cfg.stall_s)
 
 
 def slow_down(cfg: TrainConfig, rank: int) -> None:

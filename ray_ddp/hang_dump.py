@@ -5,9 +5,11 @@ On a :class:`~ray_ddp.hang_watchdog.Stall` the rank writes
 ``ray_ddp.hang_report``), every thread's Python stack, and, where py-spy is installed (it
 ships with ``ray[default]``), the native stacks of the rank and of its DataLoader worker
 processes; on NCCL, the flight recorder's trace beside it (``rank-<r>.nccl-trace.pkl``).
-It then waits up to ``PEER_WAIT_S`` for the other ranks' files, kills its DataLoader
-workers and ends its process with ``EXIT_HUNG``: Ray Train sees a failed attempt, which
-``--max-failures`` restarts from the latest checkpoint like any other failure.
+It then waits for the other ranks' files (:func:`peer_wait_s`); a rank on its own node
+that wrote none (a process that cannot run Python at all: a native call holding Python's
+lock) it dumps itself with py-spy, by the pid every rank learnt at the start. Then it kills
+its DataLoader workers and ends its process with ``EXIT_HUNG``: Ray Train sees a failed
+attempt, which ``--max-failures`` restarts from the latest checkpoint like any other.
 
 Ending the process is the one way out that always works: a thread stuck in a collective or
 in ``time.sleep`` cannot be made to raise, and the process group's timeout is far away.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import ctypes
 import multiprocessing
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -34,10 +37,17 @@ from ray_ddp.storage import exists, join, write_bytes
 
 EXIT_HUNG = 75
 """The exit status of a rank the watchdog ended."""
-PEER_WAIT_S = 30.0
-"""How long a hung rank waits for the other ranks' stack files before it exits (they
-notice the hang within about one step of each other; a rank that cannot run Python at all
-never writes one)."""
+PEER_WAIT_MAX_S = 30.0
+PEER_WAIT_MIN_S = 5.0
+
+
+def peer_wait_s(allowed_s: float) -> float:
+    """How long a hung rank waits for the other ranks' stack files: ranks notice a hang
+    within about one step and one watchdog tick of each other, or at once by the peer check,
+    so one steady allowance is plenty; at least 5 s (py-spy's dumps), at most 30 s."""
+    return min(PEER_WAIT_MAX_S, max(PEER_WAIT_MIN_S, allowed_s))
+
+
 PY_SPY_TIMEOUT_S = 20.0
 PR_SET_PTRACER, PR_SET_PTRACER_ANY = 0x59616D61, 2**64 - 1  # linux/prctl.h
 DETECTED = "detected"
@@ -54,6 +64,8 @@ class HangSite:
     attempt: int
     folder: str
     """``<run>/hangs/attempt-<N>`` (a local path or a storage URI)."""
+    peers: tuple[tuple[str, int], ...] = ()
+    """Every rank's (host, pid), in rank order: a silent rank on this host is dumped by pid."""
 
     def rank_file(self, rank: int) -> str:
         return join(self.folder, f"rank-{rank}.txt")
@@ -70,11 +82,13 @@ def handle_hang(stall: Stall, site: HangSite, end: Callable[[int], None] = os._e
     children = multiprocessing.active_children()  # DataLoader workers, among others
     write_bytes(site.rank_file(site.rank), report_text(stall, site, children).encode())
     collect_nccl_trace(site)
-    deadline = time.monotonic() + PEER_WAIT_S
-    while time.monotonic() < deadline and not all(
-        exists(site.rank_file(r)) for r in range(site.world_size)
-    ):
+    deadline = time.monotonic() + peer_wait_s(stall.allowed_s)
+    silent = list(range(site.world_size))
+    while silent and time.monotonic() < deadline:
+        silent = [r for r in silent if not exists(site.rank_file(r))]
         time.sleep(0.2)
+    for rank in silent:
+        dump_silent_peer(stall, site, rank)
     for child in children:
         child.kill()  # a hung loader worker would outlive us otherwise
     sys.stdout.flush()
@@ -128,19 +142,74 @@ def report_text(stall: Stall, site: HangSite, children: list | None = None) -> s
     return "\n".join(parts) + "\n"
 
 
+def dump_silent_peer(stall: Stall, site: HangSite, rank: int) -> None:
+    """The report of rank ``rank``, which wrote none, from its native stacks: py-spy by
+    pid, when it runs on this host (another host's rank stays silent: the line says so)."""
+    if rank >= len(site.peers) or site.peers[rank][0] != socket.gethostname():
+        return
+    spy = py_spy()
+    if spy is None or exists(site.rank_file(rank)):
+        return
+    pid = site.peers[rank][1]
+    dump = run_py_spy(spy, pid, native=True)
+    header = {
+        "rank": f"{rank} of {site.world_size}",
+        "attempt": str(site.attempt),
+        "host": site.peers[rank][0],
+        "pid": str(pid),
+        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+        "idle_s": f"{stall.idle_s:.1f}",
+        "allowed_s": f"{stall.allowed_s:.1f}",
+        "found_by": f"rank {site.rank}'s py-spy: its own watchdog never ran (Python's lock "
+        "held, or the process frozen)",
+        "last_progress": "unknown",
+        "phase": "unknown: no Python ran in the process",
+        "collective": "no",
+        "where": innermost_frame(dump) or "unknown",
+        "loader_workers": "unknown",
+        "loading": "nothing",
+    }
+    text = ["# ray_ddp hang report", *(f"{k}: {v}" for k, v in header.items()), ""]
+    text += [f"== native stacks (py-spy dump --native --pid {pid}, from rank {site.rank}) ==", dump]
+    write_bytes(site.rank_file(rank), ("\n".join(text) + "\n").encode())
+
+
+def innermost_frame(dump: str) -> str | None:
+    """The innermost Python frame of a py-spy dump's training thread (Ray Train names it
+    ``TrainingThread``; else the first thread), e.g. ``stall (ray_ddp/fault_injection.py:53)``."""
+    threads = _py_spy_threads(dump)
+    for name, stack in threads:
+        if "TrainingThread" in name:
+            return _first_python(stack)
+    return _first_python(threads[0][1]) if threads else None
+
+
+_PYTHON_FRAME = re.compile(r"\((?:.+\.py|<[^>]+>):\d+\)$")
+"""A Python frame of a py-spy dump, ``func (path/file.py:12)`` or ``<module> (<string>:1)``;
+``--native`` also lists C frames, ``sleep (libc.so.6)``, ``f (callproc.c:943)``."""
+
+
+def _first_python(stack: list[str]) -> str | None:
+    return next((f for f in stack if _PYTHON_FRAME.search(f)), None)
+
+
+def _py_spy_threads(dump: str) -> list[tuple[str, list[str]]]:
+    """``(thread line, frames innermost first)`` of each thread in a py-spy dump."""
+    threads: list[tuple[str, list[str]]] = []
+    for line in (line.strip() for line in dump.splitlines()):
+        if line.startswith("Thread "):
+            threads.append((line, []))
+        elif line and threads and not line.startswith(("Process ", "Python v")):
+            threads[-1][1].append(line)
+    return threads
+
+
 def loading_frame(dump: str) -> str | None:
     """The innermost frame of a DataLoader worker's py-spy dump while it fetches samples
     (one waiting for its next index is idle in ``Queue.get``: None)."""
-    lines = [line.strip() for line in dump.splitlines()]
-    for start, line in enumerate(lines):
-        if line.startswith("Thread "):
-            stack = []
-            for frame in lines[start + 1 :]:
-                if not frame or frame.startswith("Thread "):
-                    break
-                stack.append(frame)
-            if any(f.startswith("_MapDatasetFetcher.fetch") or "fetch (" in f for f in stack):
-                return stack[0]
+    for _, stack in _py_spy_threads(dump):
+        if any(f.startswith("_MapDatasetFetcher.fetch") or "fetch (" in f for f in stack):
+            return stack[0]
     return None
 
 

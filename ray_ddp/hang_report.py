@@ -66,10 +66,8 @@ def hang_line(
 def _rank_at(rank: int, header: dict[str, str]) -> str:
     loading = header.get("loading", "nothing")
     extra = f"; its DataLoader: {loading}" if "waiting for data" in header["phase"] else ""
-    return (
-        f"rank {rank} in {header['where']} ({header['phase']}{extra}; after "
-        f"{header['last_progress']})"
-    )
+    after = f"; after {header['last_progress']}" if header["last_progress"] != "unknown" else ""
+    return f"rank {rank} in {header['where']} ({header['phase']}{extra}{after})"
 
 
 def hang_signature(reports: dict[int, dict[str, str]]) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -278,23 +279,31 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
     )
 
 
-def number_attempt(cfg: TrainConfig, worker: Worker) -> int:
-    """This attempt's number: rank 0 adds it to ``<run>/attempts.csv``, every rank learns
-    it (a collective)."""
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    peers: tuple[tuple[str, int], ...]
+    """Every rank's (host, pid), in rank order."""
+
+
+def number_attempt(cfg: TrainConfig, worker: Worker) -> Attempt:
+    """This attempt's number (rank 0 adds it to ``<run>/attempts.csv``) and every rank's
+    host and pid, known to every rank (a collective)."""
+    number = 0
     if worker.is_main:
         checkpoint = ray.train.get_checkpoint()
         name = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else ""
-        run_dir = join(cfg.storage_path, cfg.name or "")
-        return all_gather(record_attempt(run_dir, worker.world_size, name))[0]
-    return all_gather(0)[0]
+        number = record_attempt(join(cfg.storage_path, cfg.name or ""), worker.world_size, name)
+    gathered = all_gather((number, socket.gethostname(), os.getpid()))
+    return Attempt(gathered[0][0], tuple((host, pid) for _, host, pid in gathered))
 
 
-def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: int) -> watch.Watchdog | None:
+def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> watch.Watchdog | None:
     """The rank's hang watchdog, started, unless ``--hang-timeout 0``."""
     if cfg.hang_timeout == 0:
         return None
-    run_dir = join(cfg.storage_path, cfg.name or "")
-    site = HangSite(worker.rank, worker.world_size, attempt, hang_folder(run_dir, attempt))
+    folder = hang_folder(join(cfg.storage_path, cfg.name or ""), attempt.number)
+    site = HangSite(worker.rank, worker.world_size, attempt.number, folder, attempt.peers)
     return watch.Watchdog(
         on_hang=lambda stall: handle_hang(stall, site),
         steady_s=cfg.hang_timeout,

@@ -8,6 +8,8 @@ import dataclasses
 import multiprocessing
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -133,10 +135,10 @@ def test_the_report_has_the_stuck_threads_stack_and_a_header_to_read_back(tmp_pa
 
 
 def test_a_hung_rank_writes_its_report_waits_for_the_others_then_ends(tmp_path, monkeypatch):
-    monkeypatch.setattr(hang_dump, "PEER_WAIT_S", 1.0)
+    monkeypatch.setattr(hang_dump, "PEER_WAIT_MIN_S", 1.0)
     monkeypatch.setattr(hang_dump, "py_spy", lambda: None)  # this test is about the rest
     site = HangSite(rank=0, world_size=2, attempt=1, folder=str(tmp_path / "attempt-1"))
-    stall = Stall(3.1, 3.0, "training: waiting for data from the loader", False,
+    stall = Stall(1.1, 1.0, "training: waiting for data from the loader", False,
                   "optimizer step 2", threading.get_ident())  # fmt: skip
     ended = []
     started = time.monotonic()
@@ -145,6 +147,33 @@ def test_a_hung_rank_writes_its_report_waits_for_the_others_then_ends(tmp_path, 
     assert 1.0 <= time.monotonic() - started < 3, "waited for rank 1's report, not forever"
     assert (tmp_path / "attempt-1" / "detected").read_text() == "rank 0\n"
     assert "py-spy not found" in (tmp_path / "attempt-1" / "rank-0.txt").read_text()
+
+
+def test_a_silent_rank_on_this_host_is_dumped_by_pid(tmp_path):
+    """A process that never runs its watchdog (here: one asleep in a native call holding
+    Python's lock) gets its report from a peer's py-spy."""
+    if hang_dump.py_spy() is None:
+        pytest.skip("py-spy is not installed")
+    frozen = subprocess.Popen(
+        [sys.executable, "-c", "import ctypes; print(flush=True); ctypes.PyDLL(None).sleep(60)"],
+        stdout=subprocess.PIPE,
+    )
+    try:
+        frozen.stdout.readline()  # started
+        site = HangSite(rank=0, world_size=2, attempt=1, folder=str(tmp_path),
+                        peers=(("elsewhere", 1), (socket.gethostname(), frozen.pid)))  # fmt: skip
+        stall = Stall(3.2, 3.0, "training: backward", True, "optimizer step 5", 0)
+        hang_dump.dump_silent_peer(stall, site, 1)
+        hang_dump.dump_silent_peer(stall, site, 0)  # another host's rank: nothing to do
+    finally:
+        frozen.kill()
+        frozen.wait()
+    assert sorted(os.listdir(tmp_path)) == ["rank-1.txt"]
+    header = parse_header((tmp_path / "rank-1.txt").read_text())
+    assert header["pid"] == str(frozen.pid) and header["where"] == "<module> (<string>:1)"
+    assert header["found_by"].startswith("rank 0's py-spy: its own watchdog never ran")
+    line = hang_line(str(tmp_path), 1, {1: header}, 2)
+    assert "stuck: rank 1 in <module> (<string>:1) (unknown: no Python ran in the process)" in line
 
 
 def _report(rank: int, collective: bool, where: str, phase: str, last: str, **extra) -> dict:

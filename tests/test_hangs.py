@@ -100,6 +100,26 @@ def test_a_hung_dataloader_worker_is_found_and_ends_the_run_with_one_line(ray_se
     assert not _alive(loader_pid)
 
 
+def test_a_rank_frozen_holding_pythons_lock_is_dumped_by_its_peer(ray_session, tmp_path):
+    """Rank 1 sleeps in a native call without releasing Python's lock: its own watchdog
+    never runs, so rank 0 (same host) dumps it with py-spy by pid."""
+    storage = str(tmp_path)
+    with pytest.raises(TrainingHung) as raised:
+        fit(
+            TASK, num_workers=2, storage_path=storage, name="frozen", stall_step=5,
+            stall_rank=1, stall_frozen=True, stall_s=120, hang_timeout=3, hang_grace=30,
+            **dict(EXACT_RUN, train_samples=640, epochs=1, checkpoint_every=None),
+        )  # fmt: skip
+    line = str(raised.value)
+    print(line)
+    assert "stuck: rank 1 in stall (ray_ddp/fault_injection.py:" in line
+    assert "waiting for them in a collective: rank 0" in line
+    folder = os.path.join(storage, "frozen", "hangs", "attempt-1")
+    frozen, text = read_report(os.path.join(folder, "rank-1.txt"))
+    assert frozen["found_by"].startswith("rank 0's py-spy: its own watchdog never ran")
+    assert "sleep (libc" in text  # the native call it is in
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -55,6 +55,7 @@ HAND_WRITTEN = {
     "stall_s", "sample_ledger", "slow_step_s", "slow_rank",
     # Issue 16: when a rank counts as hung; testing aids.
     "hang_timeout", "hang_grace", "slow_start_s", "slow_checkpoint_s", "hang_loader_sample",
+    "stall_frozen",
 }  # fmt: skip
 
 
