@@ -29,16 +29,8 @@ os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that leave the shared Ray a stale resource request after the others that
-    share it, then tests with their own Ray cluster (a stable sort keeps the order
-    otherwise)."""
-
-    def rank(item: pytest.Item) -> int:
-        if item.get_closest_marker("own_cluster") is not None:
-            return 2
-        return 1 if item.get_closest_marker("stale_request") is not None else 0
-
-    items.sort(key=rank)
+    """Tests with their own Ray cluster last (a stable sort keeps the order otherwise)."""
+    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is not None)
 
 
 @pytest.fixture(scope="session")

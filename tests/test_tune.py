@@ -103,7 +103,6 @@ def _sweep_cmd(address: str, storage: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
-@pytest.mark.stale_request
 def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session, storage):
     address = ray_session.get_runtime_context().gcs_address
     train_dir = os.path.join(storage, "resumable", "train")
