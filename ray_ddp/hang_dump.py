@@ -76,23 +76,29 @@ class HangSite:
 
 def handle_hang(stall: Stall, site: HangSite, end: Callable[[int], None] = os._exit) -> None:
     """Write this rank's report, wait for the others', stop the DataLoader workers and end
-    the process (``end``; a test passes its own)."""
-    if not stall.by_peer and not site.peer_found_hang():
-        write_bytes(join(site.folder, DETECTED), f"rank {site.rank}\n".encode())
+    the process (``end``; a test passes its own). A report that cannot be written (the
+    storage unreachable) is said on stdout: the process ends all the same, or the rank
+    would stay hung."""
     children = multiprocessing.active_children()  # DataLoader workers, among others
-    write_bytes(site.rank_file(site.rank), report_text(stall, site, children).encode())
-    collect_nccl_trace(site)
-    deadline = time.monotonic() + peer_wait_s(stall.allowed_s)
-    silent = list(range(site.world_size))
-    while silent and time.monotonic() < deadline:
-        silent = [r for r in silent if not exists(site.rank_file(r))]
-        time.sleep(0.2)
-    for rank in silent:
-        dump_silent_peer(stall, site, rank)
-    for child in children:
-        child.kill()  # a hung loader worker would outlive us otherwise
-    sys.stdout.flush()
-    end(EXIT_HUNG)
+    try:
+        if not stall.by_peer and not site.peer_found_hang():
+            write_bytes(join(site.folder, DETECTED), f"rank {site.rank}\n".encode())
+        write_bytes(site.rank_file(site.rank), report_text(stall, site, children).encode())
+        collect_nccl_trace(site)
+        deadline = time.monotonic() + peer_wait_s(stall.allowed_s)
+        silent = list(range(site.world_size))
+        while silent and time.monotonic() < deadline:
+            silent = [r for r in silent if not exists(site.rank_file(r))]
+            time.sleep(0.2)
+        for rank in silent:
+            dump_silent_peer(stall, site, rank)
+    except Exception as exc:  # noqa: BLE001 - the exit below is what matters
+        print(f"rank {site.rank} hung; its report failed: {type(exc).__name__}: {exc}")
+    finally:
+        for child in children:
+            child.kill()  # a hung loader worker would outlive us otherwise
+        sys.stdout.flush()
+        end(EXIT_HUNG)
 
 
 def report_text(stall: Stall, site: HangSite, children: list | None = None) -> str:

@@ -176,6 +176,17 @@ def test_a_silent_rank_on_this_host_is_dumped_by_pid(tmp_path):
     assert "stuck: rank 1 in <module> (<string>:1) (unknown: no Python ran in the process)" in line
 
 
+def test_a_report_that_cannot_be_written_still_ends_the_hung_rank(tmp_path, capsys):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the hang folder should go")
+    site = HangSite(rank=0, world_size=1, attempt=1, folder=str(blocker / "attempt-1"))
+    stall = Stall(1.1, 1.0, "training: forward and backward", False, "optimizer step 2", 0)
+    ended = []
+    handle_hang(stall, site, end=ended.append)
+    assert ended == [hang_dump.EXIT_HUNG]
+    assert "rank 0 hung; its report failed: " in capsys.readouterr().out
+
+
 def _report(rank: int, collective: bool, where: str, phase: str, last: str, **extra) -> dict:
     return {"rank": f"{rank} of 3", "idle_s": "4.2", "allowed_s": "4.0", "where": where,
             "phase": phase, "last_progress": last, "collective": "yes" if collective else "no",
