@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ray_ddp.flags import NON_NEGATIVE, POSITIVE, Bound, first_problem, option
+from ray_ddp.storage import join
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
@@ -358,6 +359,12 @@ class TrainConfig:
         if self.num_workers is None:
             raise ValueError("num_workers is not resolved yet")
         return (self.min_workers or self.num_workers, self.num_workers)
+
+    @property
+    def run_dir(self) -> str:
+        """``<storage_path>/<name>``: where the run's checkpoints, logs and records live (a
+        local path or a URI)."""
+        return join(self.storage_path, self.name or "")
 
     @property
     def elastic(self) -> bool:

@@ -63,7 +63,6 @@ def run_evaluation(
 
     from ray_ddp.checkpoint import CheckpointError, load_state, saved_config, saved_task_meta
     from ray_ddp.cluster import prepare_cluster_run
-    from ray_ddp.storage import join
     from ray_ddp.trainer import alive_nodes, build_trainer, shared_checkpoint
 
     if split not in SPLITS:
@@ -90,7 +89,7 @@ def run_evaluation(
     if split == "train":
         cfg = dataclasses.replace(cfg, augment="none")  # evaluated as it is, not augmented
     # Read by every worker: on several nodes a local checkpoint is copied to the storage.
-    run_dir = join(cfg.storage_path, cfg.name or "")
+    run_dir = cfg.run_dir
     checkpoint = shared_checkpoint(checkpoint, run_dir, alive_nodes(), "checkpoint", "checkpoint")
     trainer = build_trainer(
         cfg,

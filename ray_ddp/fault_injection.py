@@ -35,7 +35,7 @@ def poison_loss(cfg: TrainConfig, loss: torch.Tensor, step: int, rank: int) -> t
 
 def stall_marker(cfg: TrainConfig, rank: int) -> str:
     """The file a stalled rank writes (``<run>/stalled-rank-<rank>``: its step and pid)."""
-    return os.path.join(cfg.storage_path, cfg.name or "", f"stalled-rank-{rank}")
+    return os.path.join(cfg.run_dir, f"stalled-rank-{rank}")
 
 
 def stall(cfg: TrainConfig, rank: int, step: int) -> None:
@@ -77,7 +77,7 @@ def slow_checkpoint(cfg: TrainConfig) -> None:
 
 def loader_marker(cfg: TrainConfig) -> str:
     """The file a hanging DataLoader worker writes (``<run>/stalled-loader``: its pid)."""
-    return os.path.join(cfg.storage_path, cfg.name or "", "stalled-loader")
+    return os.path.join(cfg.run_dir, "stalled-loader")
 
 
 class HangOnSample(torch.utils.data.Dataset):

@@ -28,7 +28,7 @@ RESUME_SAFE = resume_safe_fields(TrainConfig)
 
 
 def record_path(cfg: TrainConfig) -> str:
-    return join(cfg.storage_path, cfg.name or "", RECORD_FILE)
+    return join(cfg.run_dir, RECORD_FILE)
 
 
 def config_changes(

@@ -44,7 +44,6 @@ from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import EpochTiming, StepTimer
-from ray_ddp.storage import join
 from ray_ddp.task import Task
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
@@ -267,7 +266,7 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
     """The step timer, the loss guard, and on rank 0 the run logs and progress lines."""
     logs = None
     if worker.is_main:
-        logs = RunLogs(join(cfg.storage_path, cfg.name or ""), cfg.tensorboard)
+        logs = RunLogs(cfg.run_dir, cfg.tensorboard)
     return EpochTools(
         task=task,
         device=worker.device,
@@ -293,7 +292,7 @@ def number_attempt(cfg: TrainConfig, worker: Worker) -> Attempt:
     if worker.is_main:
         checkpoint = ray.train.get_checkpoint()
         name = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else ""
-        number = record_attempt(join(cfg.storage_path, cfg.name or ""), worker.world_size, name)
+        number = record_attempt(cfg.run_dir, worker.world_size, name)
     gathered = all_gather((number, socket.gethostname(), os.getpid()))
     return Attempt(gathered[0][0], tuple((host, pid) for _, host, pid in gathered))
 
@@ -302,7 +301,7 @@ def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> watch.
     """The rank's hang watchdog, started, unless ``--hang-timeout 0``."""
     if cfg.hang_timeout == 0:
         return None
-    folder = hang_folder(join(cfg.storage_path, cfg.name or ""), attempt.number)
+    folder = hang_folder(cfg.run_dir, attempt.number)
     site = HangSite(worker.rank, worker.world_size, attempt.number, folder, attempt.peers)
     return watch.Watchdog(
         on_hang=lambda stall: handle_hang(stall, site),
@@ -454,7 +453,7 @@ def write_ledger(
     rows = [row for part in all_gather(ledger or []) for row in part]
     if not worker.is_main:
         return
-    folder = os.path.join(cfg.storage_path, cfg.name or "", "ledger")
+    folder = os.path.join(cfg.run_dir, "ledger")
     os.makedirs(folder, exist_ok=True)
     lines = ["step,index", *(f"{step},{index}" for step, index in sorted(rows))]
     with open(os.path.join(folder, f"epoch-{epoch + 1}.csv"), "w") as file:

@@ -30,7 +30,7 @@ class Interrupted(Exception):
     """The user stopped the run (Ctrl-C); its checkpoints are intact."""
 
     def __init__(self, cfg: TrainConfig):
-        run_dir = join(cfg.storage_path, cfg.name or "")
+        run_dir = cfg.run_dir
         super().__init__(
             f"interrupted: the workers were stopped; checkpoints in {run_dir} are intact. "
             f"Resume with the same flags and --name {cfg.name}"
@@ -84,7 +84,7 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
-    run_dir = join(cfg.storage_path, cfg.name)
+    run_dir = cfg.run_dir
     print(f"run {cfg.name} -> {run_dir}", flush=True)
     cfg = shared_resume_from(cfg, run_dir, alive_nodes())
     if cfg.elastic:
@@ -241,7 +241,7 @@ def build_trainer(
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=[
-                stop_hopeless_retries(join(cfg.storage_path, cfg.name or "")),
+                stop_hopeless_retries(cfg.run_dir),
                 *(callbacks or []),
             ],
             failure_config=FailureConfig(max_failures=cfg.failures_allowed),
