@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 
+from ray_ddp.hang_report import report_path, report_text
 from ray_ddp.hang_watchdog import Stall
 from ray_ddp.storage import exists, join, write_bytes
 
@@ -68,7 +69,19 @@ class HangSite:
     """Every rank's (host, pid), in rank order: a silent rank on this host is dumped by pid."""
 
     def rank_file(self, rank: int) -> str:
-        return join(self.folder, f"rank-{rank}.txt")
+        return report_path(self.folder, rank)
+
+    def header(self, stall: Stall, rank: int, host: str, pid: int) -> dict[str, str]:
+        """What every report's header starts with."""
+        return {
+            "rank": f"{rank} of {self.world_size}",
+            "attempt": str(self.attempt),
+            "host": host,
+            "pid": str(pid),
+            "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
+            "idle_s": f"{stall.idle_s:.1f}",
+            "allowed_s": f"{stall.allowed_s:.1f}",
+        }
 
     def peer_found_hang(self) -> bool:
         return exists(join(self.folder, DETECTED))
@@ -83,7 +96,7 @@ def handle_hang(stall: Stall, site: HangSite, end: Callable[[int], None] = os._e
     try:
         if not stall.by_peer and not site.peer_found_hang():
             write_bytes(join(site.folder, DETECTED), f"rank {site.rank}\n".encode())
-        write_bytes(site.rank_file(site.rank), report_text(stall, site, children).encode())
+        write_bytes(site.rank_file(site.rank), rank_report(stall, site, children).encode())
         collect_nccl_trace(site)
         deadline = time.monotonic() + peer_wait_s(stall.allowed_s)
         silent = list(range(site.world_size))
@@ -101,7 +114,8 @@ def handle_hang(stall: Stall, site: HangSite, end: Callable[[int], None] = os._e
         end(EXIT_HUNG)
 
 
-def report_text(stall: Stall, site: HangSite, children: list | None = None) -> str:
+def rank_report(stall: Stall, site: HangSite, children: list | None = None) -> str:
+    """This rank's report: its header, every thread's Python stack, py-spy's dumps."""
     frames = sys._current_frames()
     train_frame = frames.get(stall.thread_id)
     call = collective_call(train_frame)
@@ -114,13 +128,7 @@ def report_text(stall: Stall, site: HangSite, children: list | None = None) -> s
             native[child.pid] = run_py_spy(spy, child.pid, native=False)
     loaders = [c.pid for c in children or []]
     header = {
-        "rank": f"{site.rank} of {site.world_size}",
-        "attempt": str(site.attempt),
-        "host": socket.gethostname(),
-        "pid": str(os.getpid()),
-        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "idle_s": f"{stall.idle_s:.1f}",
-        "allowed_s": f"{stall.allowed_s:.1f}",
+        **site.header(stall, site.rank, socket.gethostname(), os.getpid()),
         "found_by": "another rank's watchdog" if stall.by_peer else "this rank's watchdog",
         "last_progress": stall.last_progress,
         "phase": stall.phase + (f" (in {call})" if call else ""),
@@ -134,18 +142,17 @@ def report_text(stall: Stall, site: HangSite, children: list | None = None) -> s
         )
         or "nothing",
     }
-    parts = ["# ray_ddp hang report", *(f"{k}: {v}" for k, v in header.items()), ""]
-    parts.append("== Python stacks (every thread; the training thread first) ==")
+    parts = ["== Python stacks (every thread; the training thread first) =="]
     parts.append(python_stacks(frames, stall.thread_id))
     if spy is None:
         parts.append("== native stacks: py-spy not found (pip install py-spy) ==")
-        return "\n".join(parts) + "\n"
+        return report_text(header, parts)
     parts.append(f"== native stacks of this rank (py-spy dump --native --pid {os.getpid()}) ==")
     parts.append(native[os.getpid()])
     for pid in loaders:
         parts.append(f"== DataLoader worker pid {pid} (py-spy dump) ==")
         parts.append(native[pid])
-    return "\n".join(parts) + "\n"
+    return report_text(header, parts)
 
 
 def dump_silent_peer(stall: Stall, site: HangSite, rank: int) -> None:
@@ -156,16 +163,10 @@ def dump_silent_peer(stall: Stall, site: HangSite, rank: int) -> None:
     spy = py_spy()
     if spy is None or exists(site.rank_file(rank)):
         return
-    pid = site.peers[rank][1]
+    host, pid = site.peers[rank]
     dump = run_py_spy(spy, pid, native=True)
     header = {
-        "rank": f"{rank} of {site.world_size}",
-        "attempt": str(site.attempt),
-        "host": site.peers[rank][0],
-        "pid": str(pid),
-        "time": time.strftime("%Y-%m-%d %H:%M:%S %z"),
-        "idle_s": f"{stall.idle_s:.1f}",
-        "allowed_s": f"{stall.allowed_s:.1f}",
+        **site.header(stall, rank, host, pid),
         "found_by": f"rank {site.rank}'s py-spy: its own watchdog never ran (Python's lock "
         "held, or the process frozen)",
         "last_progress": "unknown",
@@ -175,9 +176,8 @@ def dump_silent_peer(stall: Stall, site: HangSite, rank: int) -> None:
         "loader_workers": "unknown",
         "loading": "nothing",
     }
-    text = ["# ray_ddp hang report", *(f"{k}: {v}" for k, v in header.items()), ""]
-    text += [f"== native stacks (py-spy dump --native --pid {pid}, from rank {site.rank}) ==", dump]
-    write_bytes(site.rank_file(rank), ("\n".join(text) + "\n").encode())
+    title = f"== native stacks (py-spy dump --native --pid {pid}, from rank {site.rank}) =="
+    write_bytes(site.rank_file(rank), report_text(header, [title, dump]).encode())
 
 
 def innermost_frame(dump: str) -> str | None:

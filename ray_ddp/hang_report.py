@@ -14,6 +14,17 @@ def hang_folder(run_dir: str, attempt: int) -> str:
     return join(run_dir, "hangs", f"attempt-{attempt}")
 
 
+def report_path(folder: str, rank: int) -> str:
+    """Rank ``rank``'s report in an attempt's hang folder."""
+    return join(folder, f"rank-{rank}.txt")
+
+
+def report_text(header: dict[str, str], sections: list[str]) -> str:
+    """A report: the mark, the ``key: value`` header :func:`parse_header` reads, a blank
+    line, then the stacks."""
+    return "\n".join([MARK, *(f"{k}: {v}" for k, v in header.items()), "", *sections]) + "\n"
+
+
 def parse_header(text: str) -> dict[str, str]:
     """The ``key: value`` lines at the top of a rank's report."""
     header: dict[str, str] = {}
@@ -29,7 +40,7 @@ def read_reports(folder: str, world_size: int) -> dict[int, dict[str, str]]:
     """rank -> its report's header, for the ranks that wrote one."""
     reports = {}
     for rank in range(world_size):
-        text = read_text(join(folder, f"rank-{rank}.txt"))
+        text = read_text(report_path(folder, rank))
         if text and text.startswith(MARK):
             reports[rank] = parse_header(text)
     return reports

@@ -18,7 +18,7 @@ import pytest
 from ray_ddp import hang_dump, reporting
 from ray_ddp.attempts import last_attempt, record_attempt
 from ray_ddp.config import TrainConfig
-from ray_ddp.hang_dump import HangSite, handle_hang, loading_frame, report_text
+from ray_ddp.hang_dump import HangSite, handle_hang, loading_frame, rank_report
 from ray_ddp.hang_report import hang_folder, hang_line, hang_signature, latest_hang, parse_header
 from ray_ddp.hang_settings import nccl_env, process_group_timeout_s
 from ray_ddp.hang_watchdog import AUTO_FLOOR_S, Stall, Watchdog
@@ -120,7 +120,7 @@ def test_the_report_has_the_stuck_threads_stack_and_a_header_to_read_back(tmp_pa
                   thread.ident)  # fmt: skip
     site = HangSite(rank=1, world_size=2, attempt=3, folder=str(tmp_path))
     try:
-        text = report_text(stall, site)
+        text = rank_report(stall, site)
     finally:
         release.set()
         thread.join()
