@@ -23,6 +23,8 @@ from ray_ddp.storage import join
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
+DATA_ENGINES = ("torch", "ray")
+PARQUET_READS = ("stream", "memory")
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 AUGMENT_POLICIES = ("none", "crop", "crop-flip", "autoaugment", "trivialaugment")
@@ -31,7 +33,7 @@ BUILTIN_TASK = "ray_ddp.image_classification:ImageClassification"
 # its own data and model, so setting one of them with --task is refused, not ignored.
 IMAGE_TASK_FIELDS = (
     "dataset", "image_size", "augment", "label_column", "image_column", "feature_column",
-    "model",
+    "model", "parquet_read", "shuffle_buffer", "data_engine",
 )  # fmt: skip
 
 
@@ -238,6 +240,23 @@ class TrainConfig:
     feature_column: str | None = None
     """Parquet: a list<float> feature column to use instead of images (needs ``--model
     mlp``)."""
+    parquet_read: str = option("stream", choices=PARQUET_READS)
+    """Parquet with ``--data-engine torch``: ``stream`` reads each worker's share a few row
+    groups at a time (memory bounded by ``--shuffle-buffer``, not the dataset's size; local
+    files, folders of shards, s3:// and gs:// URIs); ``memory`` reads each split whole into
+    every worker (the old way: fast for small data, one copy per worker)."""
+    shuffle_buffer: int = option(2048, bound=POSITIVE)
+    """Streaming Parquet: rows shuffled together. Each epoch permutes the row groups, then
+    each run of this many rows is permuted; a larger buffer is closer to a full shuffle and
+    holds more rows in memory (see the README, "Data larger than memory")."""
+    data_engine: str = option("torch", choices=DATA_ENGINES)
+    """Who reads and decodes: ``torch`` (DataLoader worker processes beside each training
+    worker) or ``ray`` (Ray Data: read and decode on the cluster's CPUs, CPU-only nodes
+    included, streamed into each worker; Parquet and ImageFolder data)."""
+    max_bad_samples: int = option(100, bound=NON_NEGATIVE, resume_safe=True)
+    """Unreadable samples (a truncated image file, undecodable bytes in a Parquet row) an
+    epoch may skip, over all workers; each is named in ``bad_samples.csv`` in the run. One
+    more stops the run with a line naming the first of them. 0: stop at the first."""
     loader_workers: int | None = option(None, bound=NON_NEGATIVE, resume_safe=True)
     """DataLoader worker processes per training worker. Auto: 0 for the in-memory built-in
     dataset, else min(4, cpus_per_worker)."""
@@ -411,6 +430,10 @@ def validate(cfg: TrainConfig) -> None:
         )
     if cfg.task == BUILTIN_TASK and cfg.dataset != "synthetic" and not cfg.data_dir:
         raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir DIR")
+    if cfg.data_engine == "ray" and cfg.dataset not in ("parquet", "imagefolder"):
+        raise ConfigError(
+            f"--data-engine ray reads Parquet or ImageFolder data, not --dataset {cfg.dataset}"
+        )
     if cfg.feature_column and cfg.dataset != "parquet":
         raise ConfigError("--feature-column only applies to --dataset parquet")
     if cfg.augment not in (None, "none") and (cfg.dataset == "synthetic" or cfg.feature_column):

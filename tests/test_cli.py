@@ -327,6 +327,8 @@ TRAIN_FLAGS = {
     "--task",  # issue 13: your own model, data and loss
     "--resources-per-worker",  # issue 14: custom resources (autoscaled node types)
     "--resize-check-s",  # issue 15: elastic runs
+    # issue 17: data larger than memory, Ray Data, bad samples
+    "--parquet-read", "--shuffle-buffer", "--data-engine", "--max-bad-samples",
     "--hang-timeout", "--hang-grace",  # issue 16: the hang watchdog
 }  # fmt: skip
 SWEEP_FLAGS = {
