@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, Subset
 
 from ray_ddp import parquet_data, synthetic_data
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.parquet_stream import StreamingParquet
 from ray_ddp.transforms import (
     CIFAR_STATS,
     DEFAULT_FILE_IMAGE_SIZE,
@@ -90,6 +91,8 @@ def _describe(cfg: TrainConfig) -> DatasetInfo:
             cfg.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
         )
     assert cfg.data_dir is not None  # validate() guarantees it
+    if cfg.dataset == "parquet":  # a local folder or a URI (s3://, gs://)
+        return parquet_data.describe(cfg)
     if not os.path.isdir(cfg.data_dir) and not (
         cfg.download and cfg.dataset in _TORCHVISION_LAYOUT
     ):
@@ -104,16 +107,14 @@ def _describe(cfg: TrainConfig) -> DatasetInfo:
             )
         channels, size = (3, 32) if cfg.dataset == "cifar10" else (1, 28)
         return DatasetInfo(10, image_shape(cfg, channels, size))
-    if cfg.dataset == "imagefolder":
-        train_classes = _image_folder_classes(os.path.join(cfg.data_dir, "train"))
-        val_classes = _image_folder_classes(os.path.join(cfg.data_dir, "val"))
-        if train_classes != val_classes:
-            raise ConfigError(
-                f"imagefolder train/ and val/ have different class folders: "
-                f"{sorted(set(train_classes) ^ set(val_classes))[:5]}"
-            )
-        return DatasetInfo(len(train_classes), image_shape(cfg, 3, DEFAULT_FILE_IMAGE_SIZE))
-    return parquet_data.describe(cfg)
+    train_classes = _image_folder_classes(os.path.join(cfg.data_dir, "train"))
+    val_classes = _image_folder_classes(os.path.join(cfg.data_dir, "val"))
+    if train_classes != val_classes:
+        raise ConfigError(
+            f"imagefolder train/ and val/ have different class folders: "
+            f"{sorted(set(train_classes) ^ set(val_classes))[:5]}"
+        )
+    return DatasetInfo(len(train_classes), image_shape(cfg, 3, DEFAULT_FILE_IMAGE_SIZE))
 
 
 def _image_folder_classes(root: str) -> list[str]:
@@ -182,7 +183,7 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
         train, val = synthetic_data.make_synthetic(cfg.seed, cfg.train_samples, cfg.val_samples)
         return train, val, info
     if cfg.dataset == "parquet":
-        train, val = parquet_data.load(cfg)
+        train, val = parquet_data.load(cfg, augment)
     elif cfg.dataset == "imagefolder":
         import torchvision
 
@@ -249,7 +250,10 @@ def _PresenceCheckedCIFAR10() -> type:  # noqa: N802 - a class factory
 
 
 def _subset(dataset: Dataset, limit: int | None, seed: int) -> Dataset:
-    """A seeded random subset (class-balanced in expectation, unlike the first N)."""
+    """A seeded random subset (class-balanced in expectation, unlike the first N); of a
+    streamed split, whole row groups (see ``SplitLayout.subset``)."""
+    if isinstance(dataset, StreamingParquet):
+        return dataset.limited(limit, seed)
     if not limit or limit >= len(dataset):  # type: ignore[arg-type]
         return dataset
     order = torch.randperm(len(dataset), generator=torch.Generator().manual_seed(seed))  # type: ignore[arg-type]

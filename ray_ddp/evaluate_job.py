@@ -21,11 +21,10 @@ SPLITS = ("val", "train")
 
 def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     import ray.train
-    import ray.train.torch
-    from torch.utils.data import DataLoader
 
     from ray_ddp.checkpoint import load_model
-    from ray_ddp.sharded_eval import ShardSampler, evaluate
+    from ray_ddp.loaders import eval_loader
+    from ray_ddp.sharded_eval import evaluate
     from ray_ddp.worker import start_worker
 
     cfg = TrainConfig.from_dict(config["train"])
@@ -35,10 +34,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         model = load_model(directory, task).to(worker.device)
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), config["facts"])
     dataset = val_ds if config["split"] == "val" else train_ds
-    sampler = ShardSampler(len(dataset), worker.rank, worker.world_size)  # type: ignore[arg-type]
-    loader = ray.train.torch.prepare_data_loader(
-        DataLoader(dataset, batch_size=cfg.batch_size, sampler=sampler, collate_fn=task.collate),
-        add_dist_sampler=False,
+    loader = eval_loader(
+        dataset, cfg.batch_size, worker.rank, worker.world_size, collate_fn=task.collate
     )
     result = evaluate(
         model, loader, worker.device, task, cfg.amp, full=True, predictions=config["predictions"]

@@ -18,6 +18,7 @@ unless its field is set.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import time
 
@@ -40,7 +41,8 @@ def stall_marker(cfg: TrainConfig, rank: int) -> str:
 
 def stall(cfg: TrainConfig, rank: int, step: int) -> None:
     """At optimizer step ``stall_step``, rank ``stall_rank`` writes its marker and sleeps
-    ``stall_s`` seconds; not again once the marker exists (a restarted run goes on)."""
+    ``stall_s`` seconds (or dies, with ``stall_exit``); not again once the marker exists
+    (a restarted run goes on)."""
     if cfg.stall_step != step or cfg.stall_rank != rank:
         return
     marker = stall_marker(cfg, rank)
@@ -48,6 +50,8 @@ def stall(cfg: TrainConfig, rank: int, step: int) -> None:
         return
     with open(marker, "w") as file:
         file.write(f"{step} {os.getpid()}\n")
+    if cfg.stall_exit:
+        os._exit(1)
     if cfg.stall_frozen:
         # libc's sleep called without releasing Python's lock, as a native call that never
         # returns would: no other thread of the process (its watchdog) runs meanwhile.
@@ -91,7 +95,7 @@ class HangOnSample(torch.utils.data.Dataset):
         return len(self.dataset)
 
     def __getitem__(self, index: int):
-        if index == self.index and not os.path.exists(self.marker):
+        if operator.index(index) == self.index and not os.path.exists(self.marker):
             with open(self.marker, "w") as file:
                 file.write(f"{os.getpid()}\n")
             time.sleep(self.seconds)

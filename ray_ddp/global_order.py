@@ -107,6 +107,11 @@ class EpochPlan:
     seed: int
     epoch: int
     start: int = 0
+    pieces: tuple[int, ...] | None = None
+    """A streamed split's row groups (their row counts, in the split's numbering): the
+    order is then ``ray_ddp.stream_order``'s two-level shuffle instead of a permutation."""
+    buffer: int = 0
+    """The streamed order's shuffle window, in rows (``--shuffle-buffer``)."""
 
     @property
     def micro_per_step(self) -> int:
@@ -139,6 +144,13 @@ class EpochPlan:
         return bounds[first][0] if first < len(bounds) else self.size
 
     def order(self) -> list[int]:
+        if self.pieces is not None:
+            from ray_ddp.stream_order import streaming_order
+
+            return streaming_order(
+                self.pieces, self.buffer, self.seed, self.epoch, self.micro_per_step,
+                self.batch_size,
+            )  # fmt: skip
         import torch  # here: the config checks import this module, and not torch
 
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
@@ -184,11 +196,15 @@ class GlobalOrderBatches:
         self.seed, self.rank, self.world_size, self.tag_epoch = seed, rank, world_size, tag_epoch
         self.set_position(0, 0)
 
+    pieces: tuple[int, ...] | None = None  # a streamed split's row groups (see EpochPlan)
+    buffer = 0
+
     def set_position(self, epoch: int, start: int) -> None:
         """The coming pass is epoch ``epoch`` from sample ``start`` of its order."""
         self.plan = EpochPlan(
-            self.size, self.batch_size, self.global_batch, self.seed, epoch, start
-        )
+            self.size, self.batch_size, self.global_batch, self.seed, epoch, start,
+            self.pieces, self.buffer,
+        )  # fmt: skip
         self.slots = self.plan.slots(self.rank, self.world_size)
 
     def __iter__(self) -> Iterator[list[Any]]:

@@ -1,15 +1,16 @@
 """Parquet datasets read with pyarrow.
 
-Layout under ``--data-dir``: ``train.parquet`` and ``val.parquet`` (files), or ``train/``
-and ``val/`` (folders of Parquet files). Each row has an integer label column and either
+Layout under ``--data-dir`` (a local folder or a pyarrow URI such as ``s3://bucket/data``):
+``train.parquet`` and ``val.parquet`` (files), or ``train/`` and ``val/`` (folders of
+Parquet files, e.g. Hugging Face shards). Each row has an integer label column and either
 an image column (encoded PNG/JPEG bytes, or a struct with a ``bytes`` field as Hugging
 Face datasets write it) or, with ``--feature-column``, a list<float> feature column.
 """
 
 from __future__ import annotations
 
+import bisect
 import io
-import os
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -17,30 +18,49 @@ import torch
 from torch.utils.data import Dataset
 
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.parquet_stream import SplitLayout, StreamingParquet, decoder
 from ray_ddp.transforms import DEFAULT_FILE_IMAGE_SIZE, DatasetInfo, image_transform
 
 
 def split_path(data_dir: str, split: str) -> str:
-    for candidate in (os.path.join(data_dir, f"{split}.parquet"), os.path.join(data_dir, split)):
-        if os.path.exists(candidate):
+    """``<data_dir>/<split>.parquet`` or the folder ``<data_dir>/<split>/``, on local disk
+    or behind a pyarrow URI (``s3://``, ``gs://``)."""
+    from ray_ddp.storage import exists, join
+
+    for candidate in (join(data_dir, f"{split}.parquet"), join(data_dir, split)):
+        if exists(candidate):
             return candidate
     raise ConfigError(
         f"parquet needs {data_dir}/{split}.parquet or a {data_dir}/{split}/ folder of Parquet files"
     )
 
 
-def _read(path: str, columns: list[str]) -> pa.Table:
-    try:
-        schema = pq.read_schema(path) if os.path.isfile(path) else pq.ParquetDataset(path).schema
-    except (pa.ArrowInvalid, OSError) as exc:
-        raise ConfigError(f"cannot read Parquet at {path}: {exc}") from exc
-    missing = [c for c in columns if c not in schema.names]
+def _check_columns(layout: SplitLayout, columns: list[str]) -> None:
+    import pyarrow.parquet as pq
+
+    handle = pq.ParquetFile(layout.fs.open_input_file(layout.files[0]))
+    names = handle.schema_arrow.names
+    missing = [c for c in columns if c not in names]
     if missing:
         raise ConfigError(
-            f"{path} has no column {missing[0]!r} (columns: {', '.join(schema.names)}); "
+            f"{layout.files[0]} has no column {missing[0]!r} (columns: {', '.join(names)}); "
             "set --label-column / --image-column / --feature-column"
         )
-    return pq.read_table(path, columns=columns)
+
+
+def _layout(path: str, columns: list[str]) -> SplitLayout:
+    layout = SplitLayout(path, columns)
+    _check_columns(layout, columns)
+    return layout
+
+
+def _read(path: str, columns: list[str]) -> pa.Table:
+    """The whole split's ``columns`` (``--parquet-read memory``, and labels to describe)."""
+    layout = _layout(path, columns)
+    tables = []
+    for file in layout.files:
+        tables.append(pq.read_table(layout.fs.open_input_file(file), columns=columns))
+    return pa.concat_tables(tables)
 
 
 def _labels(table: pa.Table, column: str, path: str) -> torch.Tensor:
@@ -59,18 +79,21 @@ def _input_column(cfg: TrainConfig) -> str:
 
 
 def describe(cfg: TrainConfig) -> DatasetInfo:
+    """Classes (from the label columns), shapes and split sizes. Reads the label column
+    only, and for a feature column the first row group's first row."""
     assert cfg.data_dir is not None
     num_classes = 0
     sizes = []
     feature_dim = None
     for split in ("train", "val"):
         path = split_path(cfg.data_dir, split)
-        table = _read(path, [cfg.label_column, _input_column(cfg)])
-        labels = _labels(table, cfg.label_column, path)
+        _layout(path, [cfg.label_column, _input_column(cfg)])
+        labels = _labels(_read(path, [cfg.label_column]), cfg.label_column, path)
         num_classes = max(num_classes, int(labels.max()) + 1)
         sizes.append(len(labels))
         if cfg.feature_column:
-            first = table.column(cfg.feature_column)[0].as_py()
+            layout = SplitLayout(path, [cfg.feature_column])
+            first = layout.read(layout.pieces[0])[0][0]
             if not isinstance(first, list) or not first:
                 raise ConfigError(f"{path}: --feature-column must be a list of numbers")
             feature_dim = len(first)
@@ -85,10 +108,26 @@ def describe(cfg: TrainConfig) -> DatasetInfo:
 
 
 class ParquetImages(Dataset):
-    """Rows of encoded images, decoded with PIL on access (in DataLoader workers)."""
+    """Rows of encoded images, decoded with PIL on access (in DataLoader workers).
+    ``layout``: the split's files, to name a row (``sample_name``)."""
 
-    def __init__(self, images: list[bytes], labels: torch.Tensor, transform) -> None:
+    def __init__(
+        self,
+        images: list[bytes],
+        labels: torch.Tensor,
+        transform,
+        layout: SplitLayout | None = None,
+    ) -> None:
         self.images, self.labels, self.transform = images, labels, transform
+        self.layout = layout
+
+    def sample_name(self, index: int) -> str:
+        """``<file> row <n>`` (the row of its file) for messages and bad_samples.csv."""
+        if self.layout is None:
+            return f"row {index}"
+        pieces = self.layout.pieces
+        piece = pieces[bisect.bisect_right([p.first for p in pieces], index) - 1]
+        return self.layout.source(piece, index - piece.first)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -108,10 +147,14 @@ def _image_bytes(column: pa.ChunkedArray) -> list[bytes]:
     return column.to_pylist()
 
 
-def load(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
+def load(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+    """The train and validation splits: streamed (``--parquet-read stream``: row groups
+    read as the sampler needs them) or read whole into memory."""
+    assert cfg.data_dir is not None
+    if cfg.parquet_read == "stream":
+        return stream(cfg, augment)
     from torch.utils.data import TensorDataset
 
-    assert cfg.data_dir is not None
     splits = []
     for train in (True, False):
         path = split_path(cfg.data_dir, "train" if train else "val")
@@ -124,5 +167,19 @@ def load(cfg: TrainConfig) -> tuple[Dataset, Dataset]:
             splits.append(TensorDataset(features, labels))
         else:
             images = _image_bytes(table.column(cfg.image_column))
-            splits.append(ParquetImages(images, labels, image_transform(cfg, train=train)))
+            transform = image_transform(cfg, train=train and augment)
+            layout = SplitLayout(path, [cfg.image_column])  # footers only: names rows
+            splits.append(ParquetImages(images, labels, transform, layout))
+    return splits[0], splits[1]
+
+
+def stream(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+    """Both splits as :class:`~ray_ddp.parquet_stream.StreamingParquet` (footers only)."""
+    assert cfg.data_dir is not None
+    splits = []
+    for train in (True, False):
+        path = split_path(cfg.data_dir, "train" if train else "val")
+        layout = _layout(path, [_input_column(cfg), cfg.label_column])
+        transform = None if cfg.feature_column else image_transform(cfg, train=train and augment)
+        splits.append(StreamingParquet(layout, decoder(not cfg.feature_column, transform)))
     return splits[0], splits[1]

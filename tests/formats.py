@@ -126,3 +126,34 @@ def write_parquet(
             else:
                 columns["image"] = pa.array(images, type=pa.binary())
         pq.write_table(pa.table(columns), os.path.join(root, f"{split}.parquet"))
+
+
+def write_parquet_shards(
+    root: str,
+    train: int = 300,
+    val: int = 50,
+    shards: int = 3,
+    group_rows: int = 16,
+    classes: int = 3,
+    size: int = 8,
+    seed: int = 0,
+) -> dict[str, list[int]]:
+    """train/ and val/ folders of ``shards`` Parquet files each, in row groups of
+    ``group_rows`` (the Hugging Face layout); returns each split's labels in row order."""
+    rng = np.random.default_rng(seed)
+    written = {}
+    for split, n in (("train", train), ("val", val)):
+        folder = os.path.join(root, split)
+        os.makedirs(folder, exist_ok=True)
+        labels = rng.integers(0, classes, size=n)
+        images = [png_bytes(class_image(int(y), size, rng)) for y in labels]
+        bounds = [k * n // shards for k in range(shards + 1)]
+        for k in range(shards):
+            part = slice(bounds[k], bounds[k + 1])
+            table = pa.table(
+                {"image": pa.array(images[part], pa.binary()), "label": pa.array(labels[part])}
+            )
+            name = os.path.join(folder, f"{split}-{k:05d}-of-{shards:05d}.parquet")
+            pq.write_table(table, name, row_group_size=group_rows)
+        written[split] = labels.tolist()
+    return written

@@ -387,3 +387,55 @@ def test_a_sweep_on_s3_writes_its_results_and_its_name_is_then_taken(s3_ray, cap
         err == f"error: {sweep_dir} already exists: pass --resume to continue it, or a new --name\n"
     )
     assert _keys(sweep_dir) == keys  # nothing overwritten
+
+
+# ------------------------------------------------------------ streamed Parquet shards on S3
+# 960 rows in 4 shards of row groups of 40: 15 optimizer steps of 64 per epoch, a
+# checkpoint every 5; the shuffle buffer spans a few groups.
+STREAMED = dict(
+    num_workers=2, dataset="parquet", epochs=2, batch_size=32, image_size=8, model="small_cnn",
+    seed=3, checkpoint_every=5, shuffle_buffer=96, sample_ledger=True, export=False,
+    tensorboard=False, progress_interval_s=0,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def s3_shards(s3, tmp_path_factory):
+    """train/ and val/ folders of Parquet shards, uploaded to the S3 server."""
+    from formats import write_parquet_shards
+
+    local = tmp_path_factory.mktemp("shards")
+    write_parquet_shards(str(local), train=960, val=101, shards=4, group_rows=40, size=8)
+    storage.upload_dir(str(local), f"s3://{BUCKET}/data")
+    return f"s3://{BUCKET}/data"
+
+
+@pytest.mark.ray
+@pytest.mark.own_cluster
+def test_streamed_shards_on_s3_every_row_once_and_a_killed_run_resumes_to_the_bit(
+    s3_ray, s3_shards, tmp_path
+):
+    from ledgers import assert_every_sample_once, ledger
+
+    from ray_ddp.checkpoint import load_state
+    from ray_ddp.trainer import run_training
+
+    straight = TrainConfig(**STREAMED, data_dir=s3_shards, storage_path=str(tmp_path))
+    straight = dataclasses.replace(straight, name="straight")
+    reference = run_training(straight)
+    # Rank 1 dies (os._exit) before optimizer step 23: the last checkpoint is step 20,
+    # inside epoch 2 (step 5 of 15); the restarted group resumes there.
+    killed = dataclasses.replace(
+        straight, name="killed", stall_step=23, stall_rank=1, stall_exit=True, max_failures=1
+    )
+    summary = run_training(killed)
+    assert (tmp_path / "killed" / "stalled-rank-1").exists()
+    with open(tmp_path / "killed" / "attempts.csv") as file:
+        assert len(file.read().splitlines()) == 3  # a header and two attempts
+    for name in ("straight", "killed"):
+        assert_every_sample_once(ledger(str(tmp_path / name)), 960)
+    assert ledger(str(tmp_path / "straight")) == ledger(str(tmp_path / "killed"))
+    weights = load_state(summary["latest_checkpoint"])["model"]
+    expected = load_state(reference["latest_checkpoint"])["model"]
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert summary["history"][-1]["val_loss"] == reference["history"][-1]["val_loss"]

@@ -1,0 +1,179 @@
+"""Streaming Parquet (``--parquet-read stream``) without Ray: the two-level order keeps
+the global order's promises, each rank reads only its own row groups, each group once,
+with a bounded number held, and every row decodes to what was written. (Training on
+streamed shards from S3, killed and resumed, is in test_s3_storage.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+
+import numpy as np
+import pytest
+from formats import write_parquet_shards
+
+from ray_ddp.config import TrainConfig
+from ray_ddp.datasets import build_datasets, describe_dataset
+from ray_ddp.parquet_stream import READ_AHEAD, SplitLayout, StreamingParquet, live_groups
+from ray_ddp.stream_order import streaming_order
+from ray_ddp.stream_samplers import StreamedBatches, StreamedShard
+
+SIZES = (16, 16, 9, 16, 16, 5, 16, 16, 16, 10)  # ten row groups, some short
+
+
+@pytest.fixture
+def shards(tmp_path):
+    labels = write_parquet_shards(str(tmp_path), train=300, val=50, shards=3, group_rows=16)
+    cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path), image_size=8, batch_size=8)
+    return cfg, labels
+
+
+def _batches(train: StreamingParquet, epoch: int, rank: int, world: int, start=0, **kw):
+    order = StreamedBatches(
+        train, buffer=kw.get("buffer", 40), batch_size=8, global_batch=kw.get("global_batch", 32),
+        seed=kw.get("seed", 1), rank=rank, world_size=world, tag_epoch=False,
+    )  # fmt: skip
+    order.set_position(epoch, start)
+    return order, [[row.index for row in batch] for batch in order]
+
+
+def test_the_order_is_a_seeded_permutation_the_same_at_every_world_size():
+    one = streaming_order(SIZES, 20, seed=4, epoch=0, lanes=4, batch_size=5)
+    assert sorted(one) == list(range(sum(SIZES)))
+    assert one == streaming_order(SIZES, 20, seed=4, epoch=0, lanes=4, batch_size=5)
+    assert one != streaming_order(SIZES, 20, seed=5, epoch=0, lanes=4, batch_size=5)
+    assert one != streaming_order(SIZES, 20, seed=4, epoch=1, lanes=4, batch_size=5)
+    # A window of the buffer never mixes rows further apart than buffer + a group or two.
+    assert one != sorted(one)
+
+
+def test_every_row_once_per_epoch_across_two_ranks_and_rows_decode_to_their_labels(shards):
+    cfg, labels = shards
+    train, _, info = build_datasets(cfg)
+    assert isinstance(train, StreamingParquet) and info.train_size == 300 == len(train)
+    for epoch in (0, 1):
+        seen = []
+        for rank in (0, 1):
+            order, batches = _batches(train, epoch, rank, 2)
+            seen += [
+                i for b, s in zip(batches, order.slots, strict=True) if not s.filler for i in b
+            ]
+            for rows, slot in zip(order, order.slots, strict=True):  # fetched = planned
+                assert [r.index for r in rows] == slot.indices
+                for r in rows:
+                    assert r.values[1] == labels["train"][r.index]
+                    assert r.source.endswith(f"row {r.index % 100}")  # 100 rows a shard
+        assert sorted(seen) == list(range(300))
+    # A row decodes into the image written for it: the class colour is the bright channel.
+    image, label = train[7]
+    assert int(label) == labels["train"][7]
+    assert int(image.mean(dim=(1, 2)).argmax()) == int(label) % 3
+
+
+def test_one_seed_one_order_and_two_seeds_two(shards):
+    cfg, _ = shards
+    train, _, _ = build_datasets(cfg)
+    assert _batches(train, 0, 0, 2)[1] == _batches(train, 0, 0, 2)[1]
+    assert _batches(train, 0, 0, 2)[1] != _batches(train, 0, 0, 2, seed=2)[1]
+    assert _batches(train, 0, 0, 2)[1] != _batches(train, 1, 0, 2)[1]
+
+
+def test_the_same_steps_train_the_same_rows_at_one_and_two_workers(shards):
+    cfg, _ = shards
+    train, _, _ = build_datasets(cfg)
+
+    def per_step(world: int) -> dict[int, list[int]]:
+        steps: dict[int, list[int]] = {}
+        for rank in range(world):
+            order, batches = _batches(train, 0, rank, world)
+            for slot, rows in zip(order.slots, batches, strict=True):
+                if not slot.filler:  # a short last step's stand-in, weighing 0
+                    steps.setdefault(slot.step, []).extend(rows)
+        return {s: sorted(r) for s, r in steps.items()}
+
+    assert per_step(1) == per_step(2) == per_step(4)
+
+
+def test_a_resumed_epoch_continues_with_exactly_the_rows_left(shards):
+    cfg, _ = shards
+    train, _, _ = build_datasets(cfg)
+    order, whole = _batches(train, 1, 1, 2)
+    start = order.plan.step_start(3)
+    resumed = _batches(train, 1, 1, 2, start=start)[1]
+    assert resumed == whole[len(whole) - len(resumed) :] and len(resumed) < len(whole)
+
+
+def test_each_rank_reads_only_its_lanes_groups_each_once_and_holds_few(shards, monkeypatch):
+    cfg, _ = shards
+    train, _, _ = build_datasets(cfg)
+    reads: Counter = Counter()
+    held = []
+    real_read = SplitLayout.read
+
+    def counting_read(self, piece):
+        reads[(piece.file, piece.group)] += 1
+        return real_read(self, piece)
+
+    monkeypatch.setattr(SplitLayout, "read", counting_read)
+    per_rank = {}
+    for rank in (0, 1):
+        reads.clear()
+        order = StreamedBatches(
+            train, buffer=32, batch_size=8, global_batch=16, seed=1, rank=rank, world_size=2,
+            tag_epoch=False,
+        )  # fmt: skip
+        stream = train.stream([s.indices for s in order.slots])
+        for _ in stream:
+            held.append(len(stream._cache))
+        assert max(reads.values()) == 1  # each group read once in a pass
+        assert max(held) <= stream.capacity
+        per_rank[rank] = set(reads)
+    groups = {(p.file, p.group) for p in train.pieces}
+    # Lanes split the epoch's groups between the ranks: the ranks share only the groups
+    # cut by a lane boundary and those of the lanes' short tails at the epoch's end.
+    shared = per_rank[0] & per_rank[1]
+    assert per_rank[0] | per_rank[1] == groups
+    assert len(shared) <= 4, shared
+    # The bound: a 32-row window spans at most 3 groups of 16, and with one window being
+    # left and the next begun, 4, plus the read-ahead.
+    assert stream.capacity <= 4 + 1 + READ_AHEAD
+
+
+def test_live_groups_counts_overlaps():
+    order, last, peak = live_groups([[0], [0, 1], [2], [1, 3], [3]])
+    assert order == [0, 1, 2, 3] and last == {0: 1, 1: 3, 2: 2, 3: 4} and peak == 2
+    assert live_groups([[0], [1], [0, 2, 1]])[2] == 3  # 0 and 1 are kept for the third
+
+
+def test_evaluation_shards_are_contiguous_and_cover_every_row_once(shards):
+    cfg, labels = shards
+    _, val, _ = build_datasets(cfg)
+    rows = []
+    for rank in range(3):
+        sampler = StreamedShard(val, rank, 3)
+        mine = list(sampler)
+        assert [r.index for r in mine] == [sampler.global_index(p) for p in range(len(mine))]
+        rows += mine
+    assert [r.index for r in rows] == list(range(50))
+    assert [r.values[1] for r in rows] == labels["val"]
+
+
+def test_a_subset_is_whole_row_groups_and_seeded(shards):
+    cfg, _ = shards
+    cfg = dataclasses.replace(cfg, train_samples=70)
+    train, _, info = build_datasets(cfg)
+    again, _, _ = build_datasets(cfg)
+    assert len(train) == 70 == info.train_size
+    assert [p.group for p in train.pieces] == [p.group for p in again.pieces]
+    assert [p.rows for p in train.pieces][:-1] == [16] * (len(train.pieces) - 1)
+    assert np.array_equal(train.starts, np.cumsum([0] + [p.rows for p in train.pieces])[:-1])
+
+
+def test_memory_mode_reads_the_same_rows(shards):
+    cfg, labels = shards
+    memory, _, _ = build_datasets(dataclasses.replace(cfg, parquet_read="memory"))
+    streamed, _, _ = build_datasets(cfg)
+    assert len(memory) == len(streamed) == 300
+    for index in (0, 99, 100, 299):
+        assert memory[index][0].equal(streamed[index][0])
+    assert describe_dataset(cfg).num_classes == 3
