@@ -7,8 +7,8 @@ world size, every row once per epoch, resumable at any step).
    an optimizer step (``global_batch / batch_size``: a number that does not depend on the
    world size). Micro-batch ``j`` of every step is drawn from lane ``j``, so the rank
    that trains micro-batch ``j`` (``j mod world_size``) reads only lane ``j``'s groups.
-3. Each lane is cut into windows of ``buffer`` rows, and each window is permuted: the
-   shuffle buffer, seeded too.
+3. Each lane is cut into windows of ``buffer`` rows (rounded up to whole micro-batches),
+   and each window is permuted: the shuffle buffer, seeded too.
 4. Step ``s`` takes rows ``[s * batch_size, (s + 1) * batch_size)`` of every lane, lane by
    lane; the lanes' last rows (fewer than a batch each) end the epoch together, where the
    usual cut of ``global_order`` makes its last step of them.
@@ -31,6 +31,7 @@ def streaming_order(
 ) -> list[int]:
     """The epoch's order of the split's rows (numbered over ``pieces`` in order, each
     ``pieces[k]`` rows long), as described above."""
+    buffer = -(-buffer // batch_size) * batch_size  # whole micro-batches: none spans two
     rng = np.random.default_rng([seed, epoch])
     starts = np.concatenate([[0], np.cumsum(pieces, dtype=np.int64)[:-1]]).astype(np.int64)
     sizes = np.asarray(pieces, dtype=np.int64)

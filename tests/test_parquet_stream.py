@@ -14,6 +14,7 @@ from formats import write_parquet_shards
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.datasets import build_datasets, describe_dataset
+from ray_ddp.global_order import EpochPlan
 from ray_ddp.parquet_stream import READ_AHEAD, SplitLayout, StreamingParquet, live_groups
 from ray_ddp.stream_order import streaming_order
 from ray_ddp.stream_samplers import StreamedBatches, StreamedShard
@@ -177,3 +178,31 @@ def test_memory_mode_reads_the_same_rows(shards):
     for index in (0, 99, 100, 299):
         assert memory[index][0].equal(streamed[index][0])
     assert describe_dataset(cfg).num_classes == 3
+
+
+def held_bound(workers: int, micro: int, buffer: int, group_rows: int, batch: int) -> int:
+    """The README's bound on row groups a worker holds (its last term is the read-ahead)."""
+    buffer = -(-buffer // batch) * batch
+    return (-(-micro // workers) + 2) * (-(-buffer // group_rows) + 2) + READ_AHEAD
+
+
+def test_the_row_groups_held_stay_within_the_documented_bound():
+    rng = np.random.default_rng(0)
+    for _ in range(25):
+        group, batch = int(rng.choice([7, 16, 50])), int(rng.choice([4, 8, 16]))
+        micro = int(rng.choice([1, 2, 3, 8]))
+        workers = int(rng.choice([w for w in (1, 2, 3, 8) if w <= micro]))
+        buffer = int(rng.choice([max(1, group // 2), group, 3 * group, 300]))
+        rows = int(rng.integers(micro * batch * 2, 1500))
+        sizes = [group] * (rows // group) + ([rows % group] if rows % group else [])
+        starts = np.cumsum([0, *sizes])[:-1]
+        bound = held_bound(workers, micro, buffer, group, batch)
+        for epoch in range(2):
+            plan = EpochPlan(rows, batch, batch * micro, 0, epoch, 0, tuple(sizes), buffer)
+            for rank in range(workers):
+                needs = [
+                    sorted(set((np.searchsorted(starts, s.indices, side="right") - 1).tolist()))
+                    for s in plan.slots(rank, workers)
+                ]
+                held = live_groups(needs)[2] + READ_AHEAD
+                assert held <= bound, (rows, group, buffer, batch, micro, workers, held, bound)
