@@ -58,5 +58,14 @@ class TrainState:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a DDP (or DataParallel-like) wrapper, else the model itself."""
-    return model.module if hasattr(model, "module") else model
+    """The model inside its wrappers (DDP's, DataParallel-like ones, torch.compile's), so
+    its ``state_dict`` has no ``module.`` or ``_orig_mod.`` prefixes."""
+    while True:
+        inner = model.__dict__.get("_modules", {}).get("_orig_mod")  # torch.compile's
+        if inner is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            inner = model.module
+        if inner is None and type(model).__name__ == "DataParallel":
+            inner = model.module
+        if inner is None:
+            return model
+        model = inner

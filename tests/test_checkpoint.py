@@ -18,23 +18,26 @@ from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.models import build_model
 from ray_ddp.optim import build_optimizer, build_scheduler
 from ray_ddp.precision import grad_scaler
-from ray_ddp.train_state import TrainProgress, TrainState
+from ray_ddp.train_state import TrainProgress, TrainState, unwrap
 
 META = task_meta(
     BUILTIN_TASK, {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}
 )
 
 
-def _write(directory: str) -> torch.nn.Module:
+def _write(directory: str, compiled: bool = False) -> torch.nn.Module:
     cfg = TrainConfig()
     model = build_model("small_cnn", (3, 16, 16), 10)
     optimizer = build_optimizer(cfg, model.parameters())
     scheduler = build_scheduler(cfg, optimizer, total_steps=50)
-    model(torch.randn(4, 3, 16, 16)).sum().backward()
+    # --compile trains torch.compile's wrapper (here with the eager backend: the wrapper,
+    # not the generated code, is what a checkpoint could carry into its keys).
+    trained = torch.compile(model, backend="eager") if compiled else model
+    trained(torch.randn(4, 3, 16, 16)).sum().backward()
     optimizer.step()
     scheduler.step()
     state = TrainState(
-        model,
+        trained,
         optimizer,
         scheduler,
         grad_scaler("off", torch.device("cpu")),
@@ -63,6 +66,19 @@ def test_full_state_round_trips_with_weights_only(tmp_path):
     fresh = load_model(str(tmp_path))  # a plain model, no DDP, no Ray
     for key, value in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[key], value)
+
+
+def test_a_compiled_models_checkpoint_loads_into_a_plain_model_and_back(tmp_path):
+    model = _write(str(tmp_path), compiled=True)
+    state = load_state(str(tmp_path))
+    assert not any("_orig_mod" in k for k in state["model"]), list(state["model"])[:3]
+    fresh = load_model(str(tmp_path))  # plain
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+    # A compiled model's own load_state_dict wants "_orig_mod." keys: weights go into the
+    # model inside (as a resume does, before wrapping it).
+    again = torch.compile(build_model("small_cnn", (3, 16, 16), 10), backend="eager")
+    unwrap(again).load_state_dict(state["model"])
+    assert torch.equal(again(torch.ones(1, 3, 16, 16)), fresh(torch.ones(1, 3, 16, 16)))
 
 
 def test_not_a_checkpoint_and_corrupt_file_are_refused(tmp_path):
