@@ -30,6 +30,7 @@ Modules, one job each (the driver's side first, then the workers', then the part
     checkpoint     what a checkpoint holds, atomic save, weights_only load
     seeding        every seed a run sets, and why
     loaders        DataLoaders with resumable, seeded samplers
+    bad_samples    unreadable samples skipped, named in bad_samples.csv, capped per epoch
     sharded_eval   exact distributed evaluation (every sample counted once)
     datasets       datasets by name; transforms, parquet_data and synthetic_data beside it
     models         models by name; memory_format: channels_last or not

@@ -66,6 +66,11 @@ def exit_code(job: Callable[[], None], failed: tuple[type[Exception], ...] = ())
             or _raised(exc, "ray.train", "TrainingFailedError")
             or _raised(exc, "ray_ddp.trainer", "TrainingHung")  # the watchdog's line
         ):
+            # ray_ddp's own stops in Ray Train's controller (a non-finite loss, too many
+            # unreadable samples, a repeated failure) are one line: without Ray's prefix.
+            failure = getattr(exc, "controller_failure", None)
+            if type(failure).__module__.startswith("ray_ddp."):
+                exc = failure
             print(f"training failed: {exc}", file=sys.stderr)
             return EXIT_FAILED
         raise  # a bug: keep its traceback

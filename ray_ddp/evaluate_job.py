@@ -22,6 +22,7 @@ SPLITS = ("val", "train")
 def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     import ray.train
 
+    from ray_ddp.bad_samples import SkipUnreadable, SkipUnreadableCollate
     from ray_ddp.checkpoint import load_model
     from ray_ddp.loaders import eval_loader
     from ray_ddp.sharded_eval import evaluate
@@ -34,9 +35,11 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         model = load_model(directory, task).to(worker.device)
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), config["facts"])
     dataset = val_ds if config["split"] == "val" else train_ds
+    # Unreadable samples are skipped and named, as in training (ray_ddp.bad_samples).
     loader = eval_loader(
-        dataset, cfg.batch_size, worker.rank, worker.world_size, collate_fn=task.collate
-    )
+        SkipUnreadable(dataset), cfg.batch_size, worker.rank, worker.world_size,
+        collate_fn=SkipUnreadableCollate(task.collate),
+    )  # fmt: skip
     result = evaluate(
         model, loader, worker.device, task, cfg.amp, full=True, predictions=config["predictions"]
     )
@@ -75,6 +78,7 @@ def run_evaluation(
         saved_config(state),
         resume_from=None,
         min_workers=None,  # an evaluation runs on a fixed number of workers
+        data_engine="torch",  # its own exact loader, whichever engine trained the model
         name=f"eval-{time.strftime('%Y%m%d-%H%M%S')}",
         **{k: v for k, v in overrides.items() if v is not None},
     )

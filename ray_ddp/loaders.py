@@ -15,16 +15,20 @@ Exact resume, mid-epoch and at another world size included, rests on three thing
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from ray_ddp.bad_samples import SkipUnreadable, SkipUnreadableCollate
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.global_order import GlobalOrderBatches
+from ray_ddp.parquet_stream import StreamingParquet
 from ray_ddp.seeding import sample_seed
 from ray_ddp.sharded_eval import ShardSampler
+from ray_ddp.stream_samplers import StreamedBatches, StreamedShard
 from ray_ddp.task import Task
 
 
@@ -48,7 +52,7 @@ class SeededSamples(Dataset):
         epoch, index = key
         cpu = torch.default_generator
         saved = cpu.get_state()
-        cpu.manual_seed(sample_seed(self.seed, epoch, index))
+        cpu.manual_seed(sample_seed(self.seed, epoch, operator.index(index)))
         try:
             return self.dataset[index]
         finally:
@@ -78,34 +82,54 @@ def make_loaders(
         "num_workers": workers,
         "pin_memory": pin,
         "persistent_workers": workers > 0,
-        "collate_fn": task.collate,
+        # Unreadable samples are left out of their batch and named (ray_ddp.bad_samples).
+        "collate_fn": SkipUnreadableCollate(task.collate),
     }
     # The data order follows --seed, changes every epoch, is the same on a re-run, and
     # does not depend on the world size: every optimizer step trains the same samples at
     # any number of workers, and every sample once per epoch (see ray_ddp.global_order).
     augmented = task.random_samples(cfg)
-    train_batches = GlobalOrderBatches(
-        len(train_ds),  # type: ignore[arg-type]
-        batch_size=cfg.batch_size,
-        global_batch=cfg.global_batch_size,
-        seed=cfg.seed,
-        rank=rank,
-        world_size=world_size,
-        tag_epoch=augmented,
-    )
+    order = {
+        "batch_size": cfg.batch_size, "global_batch": cfg.global_batch_size, "seed": cfg.seed,
+        "rank": rank, "world_size": world_size, "tag_epoch": augmented,
+    }  # fmt: skip
+    streamed = streamed_split(train_ds)
+    if streamed is not None:  # a streamed Parquet split: the sampler reads the rows
+        train_batches = StreamedBatches(streamed, buffer=cfg.shuffle_buffer, **order)
+    else:
+        train_batches = GlobalOrderBatches(len(train_ds), **order)  # type: ignore[arg-type]
     train_loader = DataLoader(
-        SeededSamples(train_ds, cfg.seed) if augmented else train_ds,
+        SkipUnreadable(SeededSamples(train_ds, cfg.seed) if augmented else train_ds),
         batch_sampler=train_batches,
         generator=torch.Generator().manual_seed(cfg.seed),
         **common,
     )
-    val_loader = DataLoader(
-        val_ds,
-        batch_size=cfg.batch_size * 2,  # no activations kept for backward: twice fits
-        sampler=ShardSampler(len(val_ds), rank, world_size),  # type: ignore[arg-type]
-        **common,
-    )
+    # No activations kept for backward: twice the batch fits.
+    val_loader = eval_loader(SkipUnreadable(val_ds), cfg.batch_size * 2, rank, world_size, **common)
     # Both loaders keep their own samplers (Ray would add a DistributedSampler of seed 0).
     train_loader = ray.train.torch.prepare_data_loader(train_loader, add_dist_sampler=False)
-    val_loader = ray.train.torch.prepare_data_loader(val_loader, add_dist_sampler=False)
     return train_loader, train_batches, val_loader
+
+
+def eval_loader(
+    dataset: Dataset, batch_size: int, rank: int, world_size: int, **options: Any
+) -> DataLoader:
+    """The exact evaluation loader of this rank's share of ``dataset`` (every sample on
+    exactly one rank), prepared by Ray (device placement)."""
+    streamed = streamed_split(dataset)
+    if streamed is not None:
+        sampler: Any = StreamedShard(streamed, rank, world_size)
+    else:
+        sampler = ShardSampler(len(dataset), rank, world_size)  # type: ignore[arg-type]
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, **options)
+    return ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)
+
+
+def streamed_split(dataset: Any) -> StreamingParquet | None:
+    """The streamed Parquet split (whose sampler reads its rows) ``dataset`` is or wraps
+    (wrappers keep theirs as ``.dataset``); None for a dataset read by index."""
+    while dataset is not None:
+        if isinstance(dataset, StreamingParquet):
+            return dataset
+        dataset = getattr(dataset, "dataset", None)
+    return None

@@ -5,6 +5,8 @@ for a lost worker or node, useless for a failure the restart will meet again. Tw
 stopped at once, whatever ``--max-failures`` allows:
 
 - a non-finite loss: the same data and weights diverge again;
+- more unreadable samples than ``--max-bad-samples`` (``ray_ddp.bad_samples``): the same
+  files are unreadable again;
 - the same error at the same optimizer step as an earlier attempt (a sample that cannot
   be decoded, a bug): it is deterministic, and with ``--max-failures -1`` it would be
   retried forever. The worker loop notes the step on every error it raises. A hang (the
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ray_ddp.bad_samples import BadSamplesError
+from ray_ddp.bad_samples import message_of as bad_samples_message
 from ray_ddp.hang_report import latest_hang
 from ray_ddp.loss_guard import NonFiniteLossError, nonfinite_message
 
@@ -98,6 +102,9 @@ def stop_hopeless_retries(run_dir: str | None = None):
                 message = nonfinite_loss(error)
                 if message:
                     raise NonFiniteLossError(message)
+                message = bad_samples_message(error)
+                if message:
+                    raise BadSamplesError(message)
             signatures = {failure_signature(e) for e in worker_exceptions.values()}
             hang = latest_hang(run_dir) if run_dir else None
             if hang is not None and hang[0] not in self.hangs:  # this attempt's, not older

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import Sampler
 
+from ray_ddp.bad_samples import BadSample, take_skipped
 from ray_ddp.collectives import all_gather, is_distributed
 from ray_ddp.precision import autocast
 from ray_ddp.task import Task, map_tensors
@@ -53,6 +54,9 @@ class EvalResult:
     """(index, *columns) per sample, sorted by index, when asked for."""
     columns: list[str] = field(default_factory=list)
     """The names of the prediction columns after ``index``."""
+    skipped: list[tuple[int, BadSample]] = field(default_factory=list)
+    """(rank, record) of every sample that could not be read (``ray_ddp.bad_samples``),
+    all ranks: left out, so ``samples`` and the sums cover the others."""
 
     @property
     def means(self) -> dict[str, float]:
@@ -78,6 +82,9 @@ def evaluate(
 
     Pass the unwrapped module: evaluation needs no gradient synchronisation, and a plain
     module cannot start a collective that ranks with fewer batches would never join.
+
+    Samples the loader could not read (``ray_ddp.bad_samples``) are left out and listed
+    in the result's ``skipped``.
     """
     was_training = model.training
     model.eval()
@@ -86,10 +93,18 @@ def evaluate(
     rows: list[tuple] = []
     columns: list[str] = []
     samples = 0
-    for batch in loader:
+    skipped: list[BadSample] = []
+    fetched = 0  # samples the sampler handed out, read or not (predictions' positions)
+    for item in loader:
+        batch, bad = take_skipped(item)
+        skipped += bad
+        if batch is None:  # nothing in it could be read
+            fetched += len(bad)
+            continue
         # A loader prepared by Ray has moved the batch already: then this is a no-op.
         batch = map_tensors(batch, lambda t: t.to(device, non_blocking=True))
-        samples += task.batch_size(batch)
+        size = task.batch_size(batch)
+        samples += size
         with autocast(amp, device):
             sums = measure(model, batch)
             extra = task.predictions(model, batch) if predictions else None
@@ -98,15 +113,19 @@ def evaluate(
             totals[name] = totals[name] + pair if name in totals else pair
         if extra:
             columns = list(extra)
-            start = len(rows)
+            unread = {b.index for b in bad}
+            positions = range(fetched, fetched + size + len(bad))
+            indices = [i for i in map(loader.sampler.global_index, positions) if i not in unread]
             values = [extra[c].float().tolist() if extra[c].is_floating_point()
                       else extra[c].tolist() for c in columns]  # fmt: skip
-            for offset, row in enumerate(zip(*values, strict=True)):
-                rows.append((loader.sampler.global_index(start + offset), *row))
+            for index, row in zip(indices, zip(*values, strict=True), strict=True):
+                rows.append((index, *row))
+        fetched += size + len(bad)
     # A rank whose share is empty has no names: agree on them (in the task's order) first,
-    # then one all-reduce.
+    # then one all-reduce. The unreadable samples come along.
     names: list[str] = []
-    for part in all_gather(list(totals)):
+    gathered = all_gather((list(totals), skipped))
+    for part, _ in gathered:
         names += [n for n in part if n not in names]
     zero = torch.zeros(2, dtype=torch.float64, device=device)
     vector = torch.stack([totals.get(n, zero) for n in names] + [zero + samples])
@@ -122,6 +141,7 @@ def evaluate(
         samples=int(values[-1][0]),
         predictions=rows,
         columns=columns,
+        skipped=[(rank, b) for rank, (_, part) in enumerate(gathered) for b in part],
     )
 
 

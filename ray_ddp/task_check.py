@@ -191,7 +191,7 @@ def check_metrics(task: Task, sums: Any) -> None:
 
 
 def _two_samples(task: Task, dataset: Any, split: str) -> Any:
-    samples = [dataset[0], dataset[min(1, len(dataset) - 1)]]
+    samples = _readable_samples(task, dataset, split)
     try:
         batch = task.collate(samples)
     except Exception as exc:  # noqa: BLE001 - the user's collate
@@ -200,6 +200,26 @@ def _two_samples(task: Task, dataset: Any, split: str) -> Any:
             f"({type(exc).__name__}: {_first_line(exc)})"
         ) from None
     return map_tensors(batch, lambda t: t.to("meta"))
+
+
+def _readable_samples(task: Task, dataset: Any, split: str, tries: int = 20) -> list[Any]:
+    """The split's first two samples that can be read (the run skips the others: see
+    ``ray_ddp.bad_samples``); refused if the first ``tries`` cannot be."""
+    from ray_ddp.bad_samples import BadSample, SkipUnreadable
+
+    reader = SkipUnreadable(dataset)
+    samples, bad = [], []
+    for index in range(min(tries, len(dataset))):
+        sample = reader[index]
+        (bad if isinstance(sample, BadSample) else samples).append(sample)
+        if len(samples) == 2:
+            return samples
+    if not samples:
+        raise ConfigError(
+            f"task {type(task).__name__}: the first {len(bad)} {split} samples cannot be read, "
+            f"e.g. {bad[0].name} ({bad[0].error})"
+        )
+    return [samples[0], samples[0]]
 
 
 def _on_meta(task_name: str, method: str, call: Any) -> Any:

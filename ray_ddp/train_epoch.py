@@ -22,6 +22,7 @@ import torch
 from ray_ddp import fault_injection as faults
 from ray_ddp import hang_watchdog as watch
 from ray_ddp import reporting
+from ray_ddp.bad_samples import BadSamplesError, SkipLog, take_skipped
 from ray_ddp.collectives import world_size
 from ray_ddp.config import TrainConfig
 from ray_ddp.global_order import EpochPlan, GlobalOrderBatches
@@ -69,6 +70,9 @@ class EpochTools:
     show_progress: bool = False
     """Print in-epoch progress lines (rank 0, when ``progress_interval_s`` > 0)."""
     channels_last: bool = False
+    skips: SkipLog = field(default_factory=SkipLog)
+    """This rank's unreadable training samples of the current epoch (the caller starts a
+    new one every epoch, with the run's cap)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ def train_epoch(
     batches = iter(loader)
     step_started = time.perf_counter()
     micro_in_step = 0
+    last_good = None  # this rank's latest micro-batch with a readable sample
     for index, slot in enumerate(slots):
         # An attempt's first step is slow by nature (loader workers start, kernels are
         # chosen, a compile): the watchdog gives it the grace, as it does a pass's first batch.
@@ -128,6 +133,18 @@ def train_epoch(
         timing.data_wait_s += time.perf_counter() - fetch_started
         if batch is None:
             raise RuntimeError(f"the loader ran out after {index} of {len(slots)} micro-batches")
+        # Unreadable samples were left out (ray_ddp.bad_samples): the micro-batch keeps its
+        # weight, its loss is the mean over the samples that were read, and only those
+        # count. A filler's were counted by the rank that trained them.
+        batch, bad = take_skipped(batch)
+        if bad and not slot.filler:
+            tools.skips.add(bad)  # raises once this rank alone is over the cap
+        good = slot.size - (0 if slot.filler else len(bad))
+        weight = slot.size * ranks / slot.step_samples
+        if batch is None:  # nothing in it was readable: still one backward, weighing 0
+            batch, weight = _stand_in(last_good, bad, guard.rank), 0.0
+        else:
+            last_good = batch
         watch.doing(COMPUTING, slow=first_step)
         micro_in_step += 1
         if slot.boundary:
@@ -154,14 +171,15 @@ def train_epoch(
             # The step's gradient is the mean over all its samples, however the ranks and
             # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
             # weighs by its share of the step's samples, times the ranks DDP divides by.
-            state.scaler.scale(loss * (slot.size * ranks / slot.step_samples)).backward()
+            state.scaler.scale(loss * weight).backward()
         if not slot.filler:
-            loss_sum += loss.detach().double() * slot.size
-            seen += slot.size
-            trained += slot.size
-            window_samples += slot.size
+            loss_sum += loss.detach().double() * good
+            seen += good
+            trained += good
+            window_samples += good
             if ledger is not None:
-                ledger.extend((progress.step + 1, i) for i in slot.indices)
+                unread = {b.index for b in bad}
+                ledger.extend((progress.step + 1, i) for i in slot.indices if i not in unread)
         if slot.boundary:
             watch.doing(OPTIMIZER_STEP, slow=first_step)
             faults.stall(cfg, guard.rank, progress.step + 1)
@@ -201,6 +219,19 @@ def train_epoch(
     guard.check()
     sums = EpochSums(loss_sum.item(), seen, ledger)
     return EpochSegment(end, sums, trained, skipped, checkpoint_due)
+
+
+def _stand_in(last_good, bad: list, rank: int):
+    """What a micro-batch of nothing but unreadable samples trains with weight 0, since
+    every rank must take part in the step's backward (as the epoch's fillers do): this
+    rank's previous micro-batch. Its first one of an attempt has none: the run stops."""
+    if last_good is None:
+        names = ", ".join(f"{b.name} ({b.error})" for b in bad[:3])
+        raise BadSamplesError(
+            f"every sample of rank {rank}'s first micro-batch was unreadable: {names}. Fix "
+            "or remove them"
+        )
+    return last_good
 
 
 def _channels_last(tensor: torch.Tensor) -> torch.Tensor:

@@ -93,3 +93,25 @@ class NeedsArguments(Good):
 
 NOT_A_TASK_INSTANCE = 42
 WIDE = NeedsArguments(width=8)  # an instance is named, so it needs no arguments
+
+
+class SampleBug(Good):
+    """Good's regression, with a bug in its training set's code at one sample (a KeyError):
+    not an unreadable sample to skip, an error that must stop the run."""
+
+    def datasets(self, cfg, facts):
+        train, val = super().datasets(cfg, facts)
+        return _BugAt(train, index=5), val
+
+
+class _BugAt(torch.utils.data.Dataset):
+    def __init__(self, dataset, index: int) -> None:
+        self.dataset, self.index = dataset, index
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int):
+        if index == self.index:
+            return {"x": 1}["label"]
+        return self.dataset[index]

@@ -22,7 +22,6 @@ import time
 
 import pytest
 import torch
-from formats import write_imagefolder
 from ray.train import ControllerError, TrainingFailedError
 
 from ray_ddp.checkpoint import load_state
@@ -30,7 +29,7 @@ from ray_ddp.cli import train_main
 from ray_ddp.config import TrainConfig
 from ray_ddp.loss_guard import NonFiniteLossError
 from ray_ddp.retry_policy import RepeatedFailureError
-from ray_ddp.trainer import run_training
+from ray_ddp.trainer import fit, run_training
 
 pytestmark = pytest.mark.ray
 
@@ -259,24 +258,26 @@ def _newest_checkpoint(run_dir: str) -> str:
 
 
 def test_the_same_error_twice_is_not_retried_forever(ray_session, tmp_path):
-    """A training image that cannot be decoded fails every attempt at the same step:
-    with --max-failures -1 the run still ends, after the second identical failure, with
-    the error named (and the first attempt's restart shows lost workers still resume)."""
-    data = str(tmp_path / "data")
-    write_imagefolder(data, train=16, val=5, size=20)
-    bad = os.path.join(data, "train", "dog", "5.png")
-    with open(bad, "r+b") as f:
-        f.truncate(60)  # the PNG header survives, the pixels do not
-    cfg = TrainConfig(num_workers=2, dataset="imagefolder", data_dir=data, image_size=16,
-                      batch_size=4, epochs=1, loader_workers=0, max_failures=-1,
-                      storage_path=str(tmp_path / "runs"), name="bad-sample", export=False,
+    """A bug in a task's data code (unlike an unreadable image, which is skipped: see
+    test_bad_samples) fails every attempt at the same step: with --max-failures -1 the
+    run still ends, after the second identical failure, with the error named (and the
+    first attempt's restart shows lost workers still resume)."""
+    import broken_tasks
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(broken_tasks)
+    cfg = TrainConfig(num_workers=2, batch_size=4, epochs=1, loader_workers=0, max_failures=-1,
+                      storage_path=str(tmp_path / "runs"), name="sample-bug", export=False,
                       tensorboard=False)  # fmt: skip
     started = time.monotonic()
-    with pytest.raises(TrainingFailedError) as failure:
-        run_training(cfg)
+    try:
+        with pytest.raises(TrainingFailedError) as failure:
+            fit(broken_tasks.SampleBug(), cfg)
+    finally:
+        cloudpickle.unregister_pickle_by_value(broken_tasks)
     message = str(failure.value)
     assert isinstance(failure.value, ControllerError), type(failure.value)
     assert isinstance(failure.value.controller_failure, RepeatedFailureError)
     assert "the same error stopped two attempts" in message
-    assert "OSError: image file is truncated | ray_ddp: raised at optimizer step" in message
+    assert "KeyError: 'label' | ray_ddp: raised at optimizer step" in message
     assert time.monotonic() - started < 120
