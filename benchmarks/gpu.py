@@ -8,7 +8,7 @@ AMP + GradScaler, with channels_last off and on, on one GPU.
 Synthetic data already on the GPU (no loader): this measures the model step alone, the
 ceiling a data pipeline has to feed. MFU = achieved model FLOP/s over the GPU's dense peak
 for that precision. Without a CUDA GPU (and without --dry-run) it prints one line and
-exits 0. Imports torch and torchvision only: no Ray, no ray_ddp.
+exits 0. Imports torch, torchvision and ray_ddp.flops (the peaks table; no Ray).
 """
 
 from __future__ import annotations
@@ -28,33 +28,13 @@ import time
 RESNET50_FORWARD_MACS = 4.09e9
 TRAIN_FLOPS_PER_IMAGE = 3 * 2 * RESNET50_FORWARD_MACS
 
-# Dense (no sparsity) peak FLOP/s per GPU model: (bf16/fp16 tensor cores, TF32 tensor
-# cores, plain fp32). First match on the device name wins, so specific names come first.
-PEAKS: list[tuple[str, tuple[float, float, float]]] = [
-    ("H100 PCIe", (756e12, 378e12, 51e12)),
-    ("H100 NVL", (835e12, 418e12, 60e12)),
-    ("H200", (989e12, 494e12, 67e12)),
-    ("H100", (989e12, 494e12, 67e12)),
-    ("GH200", (989e12, 494e12, 67e12)),
-    ("B200", (2250e12, 1100e12, 80e12)),
-    ("A100", (312e12, 156e12, 19.5e12)),
-    ("A800", (312e12, 156e12, 19.5e12)),
-    ("L40S", (362e12, 183e12, 91.6e12)),
-    ("L40", (181e12, 90.5e12, 90.5e12)),
-    ("L4", (121e12, 60e12, 30e12)),
-    ("A10G", (70e12, 35e12, 31.2e12)),
-    ("A10", (125e12, 62.5e12, 31.2e12)),
-    ("V100", (125e12, 0.0, 15.7e12)),  # fp16 only, no bf16, no TF32
-]
-
 
 def peak_flops(device_name: str, precision: str, tf32: bool) -> float | None:
-    for key, (half, tf32_peak, fp32) in PEAKS:
-        if key.lower() in device_name.lower():
-            if precision in ("bf16", "fp16"):
-                return half
-            return (tf32_peak or fp32) if tf32 else fp32
-    return None
+    """The dense peak FLOP/s (``ray_ddp.flops``'s table, the one the training runs use)."""
+    from ray_ddp.flops import peak_tflops
+
+    peak = peak_tflops(device_name, "off" if precision == "fp32" else precision, tf32)
+    return peak * 1e12 if peak else None
 
 
 def bf16_supported(torch) -> bool:

@@ -42,8 +42,8 @@ REQUEST_GRACE_S = 60.0
 # A Ray started by this process for itself (not a cluster it joins) runs beside the
 # workers on the same cores: the background work that only clusters need is switched off.
 # Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
-# and the first step 2 s sooner (2 runs each). The dashboard stays: Tune's clean-up of
-# placement groups uses its State API.
+# and the first step 2 s sooner (2 runs each). The dashboard starts for sweeps only: Tune's
+# clean-up of placement groups uses its State API; a training run needs none of it.
 QUIET_LOCAL_RAY = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
     "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
@@ -52,14 +52,18 @@ QUIET_LOCAL_RAY = {
 
 
 def prepare_cluster_run(
-    cfg: TrainConfig, batch_sizes: Sequence[int] = (), task: Task | None = None
+    cfg: TrainConfig,
+    batch_sizes: Sequence[int] = (),
+    task: Task | None = None,
+    dashboard: bool = False,
 ) -> tuple[TrainConfig, PreparedTask]:
     """Preflight (of ``task``, else the one ``cfg.task`` names), connect, resolve the
     workers, re-check the batch now that the worker count is known, and make the storage
-    absolute and shared. Returns the resolved config (``num_workers`` and ``use_gpu`` set,
+    absolute and shared; ``dashboard``: a local Ray starts its dashboard (a sweep needs
+    its State API). Returns the resolved config (``num_workers`` and ``use_gpu`` set,
     ``storage_path`` absolute or a URI) and the checked task."""
     prepared = preflight(cfg, batch_sizes, task)
-    connect(cfg.address)
+    connect(cfg.address, dashboard)
     cfg = resolve_scaling(cfg)
     for batch_size in batch_sizes or [cfg.batch_size]:
         check_batch_fits(cfg, prepared.train_size, batch_size)
@@ -68,16 +72,20 @@ def prepare_cluster_run(
     return cfg, prepared
 
 
-def connect(address: str | None) -> None:
-    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray."""
+def connect(address: str | None, dashboard: bool = False) -> None:
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray, with its
+    dashboard only if asked (a training run does not use it; a sweep's clean-up of
+    placement groups does)."""
     import ray
 
     if ray.is_initialized():
         return
-    if not address and not os.environ.get("RAY_ADDRESS"):
-        for key, value in QUIET_LOCAL_RAY.items():
-            os.environ.setdefault(key, value)  # the user's own setting wins
-    ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        return
+    for key, value in QUIET_LOCAL_RAY.items():
+        os.environ.setdefault(key, value)  # the user's own setting wins
+    ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
 
 
 def worker_resources(cfg: TrainConfig) -> dict[str, float]:

@@ -275,6 +275,12 @@ class TrainConfig:
     torchvision classification model name (e.g. ``resnet18``), built with the dataset's
     class count and no pretrained weights."""
 
+    compile: bool = option(False, resume_safe=True)
+    """torch.compile the model (TorchInductor) after DDP wraps it, as DDP expects: its
+    graph is split at the gradient buckets so the all-reduces still overlap the backward.
+    The first steps take longer (the compile); checkpoints hold the plain model's weights
+    and load with or without it."""
+
     # --- output and checkpoints ---
     storage_path: str = option("runs", resume_safe=True)
     """Where runs are stored: a local path (absolute or relative) or a pyarrow URI
@@ -332,6 +338,9 @@ class TrainConfig:
     """Testing aid: the rank ``stall_step`` stops."""
     stall_s: float = option(3600.0, resume_safe=True, cli=False)
     """Testing aid: how long ``stall_step`` sleeps."""
+    stall_exit: bool = option(False, resume_safe=True, cli=False)
+    """Testing aid: the ``stall_step`` rank dies there instead (``os._exit(1)``, as a
+    killed process: no exception, no clean-up), once per run."""
     stall_frozen: bool = option(False, resume_safe=True, cli=False)
     """Testing aid: the ``stall_step`` sleep holds Python's lock (a native call that never
     returns): no thread of that process runs, its watchdog included."""
@@ -434,6 +443,10 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"--data-engine ray reads Parquet or ImageFolder data, not --dataset {cfg.dataset}"
         )
+    if cfg.data_engine == "ray":
+        problem = ray_engine_problem(cfg)
+        if problem:
+            raise ConfigError(problem)
     if cfg.feature_column and cfg.dataset != "parquet":
         raise ConfigError("--feature-column only applies to --dataset parquet")
     if cfg.augment not in (None, "none") and (cfg.dataset == "synthetic" or cfg.feature_column):
@@ -443,6 +456,30 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--name must be a plain directory name, got {cfg.name!r}")
     if not cfg.storage_path:
         raise ConfigError("--storage-path must not be empty")
+
+
+def ray_engine_problem(cfg: TrainConfig) -> str | None:
+    """What ``--data-engine ray`` cannot do (see ``ray_ddp.ray_data_engine``), as the line
+    that refuses it; None where it can run."""
+    if cfg.checkpoint_every:
+        return (
+            "--checkpoint-every needs a position inside an epoch to resume from, which a Ray "
+            "Data stream has not: drop it (--data-engine ray checkpoints at each epoch's "
+            "end) or use --data-engine torch"
+        )
+    if cfg.min_workers is not None:
+        return (
+            "--data-engine ray needs a fixed number of workers (--num-workers N): its equal "
+            "split of the data is made for one world size"
+        )
+    if cfg.train_samples or cfg.val_samples:
+        return (
+            "--train-samples/--val-samples take seeded subsets, which --data-engine ray does "
+            "not make: write a smaller split, or use --data-engine torch"
+        )
+    if cfg.sample_ledger:
+        return "the sample ledger needs sample indices, which --data-engine ray does not have"
+    return None
 
 
 def check_worker_range(cfg: TrainConfig) -> None:

@@ -15,32 +15,54 @@ in a table of datasheet figures; an unknown GPU, or a CPU, gets TFLOP/s without 
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-# Dense (no sparsity) datasheet peaks in TFLOP/s: (bf16/fp16 tensor cores, tf32, fp32).
-# Matched by substring of torch.cuda.get_device_name(), first match wins (SXM figures;
-# PCIe parts run lower clocks: their MFU reads a little low).
+# Dense (no sparsity) datasheet peaks in TFLOP/s: (bf16/fp16 tensor cores, TF32 tensor
+# cores, plain fp32). Matched by substring of the device name, case-insensitively; the
+# first match wins, so specific names come first.
 PEAK_TFLOPS: tuple[tuple[str, tuple[float, float, float]], ...] = (
+    ("H100 PCIe", (756.0, 378.0, 51.0)),
+    ("H100 NVL", (835.0, 418.0, 60.0)),
+    ("GH200", (989.0, 494.0, 67.0)),
+    ("H200", (989.0, 494.0, 67.0)),
+    ("H100", (989.0, 494.0, 67.0)),
     ("B200", (2250.0, 1100.0, 80.0)),
-    ("H200", (989.4, 494.7, 66.9)),
-    ("H100", (989.4, 494.7, 66.9)),
     ("A100", (312.0, 156.0, 19.5)),
-    ("L40S", (362.1, 183.0, 91.6)),
-    ("L4", (121.0, 60.0, 30.3)),
+    ("A800", (312.0, 156.0, 19.5)),
+    ("L40S", (362.0, 183.0, 91.6)),
+    ("L40", (181.0, 90.5, 90.5)),
+    ("L4", (121.0, 60.0, 30.0)),
+    ("A10G", (70.0, 35.0, 31.2)),
     ("A10", (125.0, 62.5, 31.2)),
-    ("V100", (125.0, 15.7, 15.7)),  # no TF32: fp32 for it
-    ("T4", (65.0, 8.1, 8.1)),
+    ("V100", (125.0, 0.0, 15.7)),  # fp16 only, no bf16, no TF32
 )
 
 
-def peak_tflops(device_name: str, amp: str) -> float | None:
+@dataclass(frozen=True)
+class FlopRate:
+    """A run's FLOPs per training sample and its workers' peak together, once counted."""
+
+    per_sample: float | None = None
+    peak: float | None = None
+    """TFLOP/s of all workers' devices (None: unknown, or CPUs)."""
+
+    def of(self, samples_per_s: float) -> dict[str, float]:
+        """``tflops`` (and ``mfu``) at the run's ``samples_per_s``."""
+        return utilisation(self.per_sample, samples_per_s, self.peak)
+
+
+def peak_tflops(device_name: str, amp: str, tf32: bool = True) -> float | None:
     """The dense peak of ``device_name`` for ``--amp`` (``bf16``/``fp16``: tensor cores;
-    ``off``: TF32, which cuDNN's convolutions use by default); None if unknown."""
-    for key, (half, tf32, _fp32) in PEAK_TFLOPS:
-        if key in device_name:
-            return half if amp in ("bf16", "fp16") else tf32
+    ``off``: TF32, which cuDNN's convolutions use by default, or plain fp32 without it);
+    None if unknown."""
+    for key, (half, tf32_peak, fp32) in PEAK_TFLOPS:
+        if key.lower() in device_name.lower():
+            if amp in ("bf16", "fp16"):
+                return half
+            return (tf32_peak or fp32) if tf32 else fp32
     return None
 
 
@@ -73,3 +95,13 @@ def utilisation(
     if peak:
         result["mfu"] = achieved / peak
     return result
+
+
+def flops_line(per_sample: float | None, peak: float | None, amp: str) -> str:
+    """The start-up log line: the count, and the peak MFU is measured against."""
+    if not per_sample:
+        return "flops: not counted (the flop counter could not trace this model)"
+    line = f"flops: {per_sample / 1e9:.3g} GFLOP per training sample (forward and backward)"
+    if peak:
+        line += f"; MFU against {peak:.0f} TFLOP/s per GPU ({amp if amp != 'off' else 'tf32'})"
+    return line

@@ -71,15 +71,25 @@ def validation(m: dict[str, Any]) -> str:
     return "  ".join(f"{k} {v:.4f}" for k, v in m.items() if k.startswith("val_"))
 
 
+def flop_rate(tflops: float) -> str:
+    """``12.3 TFLOP/s``, or ``45 GFLOP/s`` below one TFLOP/s (CPUs)."""
+    return f"{tflops:.1f} TFLOP/s" if tflops >= 1 else f"{tflops * 1e3:.0f} GFLOP/s"
+
+
 def epoch_line(m: dict[str, Any], epochs: int) -> str:
     line = (
         f"epoch {m['epoch']:>3}/{epochs}  train_loss {m['train_loss']:.4f}  {validation(m)}  "
         f"lr {m['lr']:.2e}  {m['samples_per_s']:8.0f} samples/s  {m['epoch_s']:6.1f} s"
     )
+    if "mfu" in m:  # on GPUs of a known peak
+        line += f"  {flop_rate(m['tflops'])}  MFU {m['mfu']:.0%}"
     if "allreduces_per_step" in m:
         line += f"  all-reduces/step {m['allreduces_per_step']:.2f}"
     if m.get("data_wait_max", 0.0) >= DATA_WAIT_SHOWN:
         line += f"  data wait {m['data_wait_max']:.0%} (rank {m['data_wait_rank']})"
+    if m.get("bad_samples"):
+        noun = "sample" if m["bad_samples"] == 1 else "samples"
+        line += f"  skipped {m['bad_samples']} unreadable {noun} (bad_samples.csv)"
     return line
 
 
@@ -201,8 +211,11 @@ def summary_text(summary: dict[str, Any]) -> str:
             f"best:         {score} {best[score]:.4f} at epoch {best['epoch']}  "
             f"-> {best['checkpoint']}"
         )
+    rate = summary.get("utilisation", {})
     lines.append(
         f"time:         {summary['wall_s']:.1f} s wall, "
         f"{summary['samples_per_s']:.0f} samples/s while training"
+        + (f", {flop_rate(rate['tflops'])}" if "tflops" in rate else "")
+        + (f", MFU {rate['mfu']:.0%}" if "mfu" in rate else "")
     )
     return "\n".join(lines)

@@ -30,6 +30,8 @@ CSV_FIELDS = (
     "speed_max_min", "memory_max_min", "peak_memory_mb",
     "world_size", "accum_steps",  # an elastic run's epochs may differ
     "data_wait_max", "data_wait_rank", "stragglers",  # space-separated ranks, or empty
+    "bad_samples",  # unreadable samples skipped (named in bad_samples.csv)
+    "tflops", "mfu",  # achieved TFLOP/s of all workers, and over their peak (known GPUs)
 )  # fmt: skip
 
 

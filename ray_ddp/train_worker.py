@@ -26,10 +26,12 @@ from ray_ddp import fault_injection as faults
 from ray_ddp import hang_watchdog as watch
 from ray_ddp import reporting
 from ray_ddp.attempts import record_attempt
+from ray_ddp.bad_samples import EpochSkips, SkipLog, settle, skipped_line, take_skipped
 from ray_ddp.checkpoint import check_compatible, task_meta
 from ray_ddp.collectives import all_gather, broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.comm_stats import attach_counter
 from ray_ddp.config import TrainConfig, global_batch
+from ray_ddp.flops import FlopRate, flops_line, peak_tflops, training_flops_per_sample
 from ray_ddp.global_order import GlobalOrderBatches, accumulation
 from ray_ddp.hang_dump import HangSite, handle_hang
 from ray_ddp.hang_report import hang_folder
@@ -44,7 +46,7 @@ from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import EpochTiming, StepTimer
-from ray_ddp.task import Task
+from ray_ddp.task import Task, map_tensors
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState, unwrap
@@ -77,6 +79,7 @@ class RunSoFar:
     """Every rank's speed and memory in the latest epoch."""
     train_seconds: float = 0.0
     samples: int = 0
+    flops: FlopRate = field(default_factory=FlopRate)
 
     def add(self, metrics: dict[str, Any], trained: EpochTrained, per_rank: list[dict]) -> None:
         self.history.append(metrics)
@@ -99,6 +102,8 @@ class RunSoFar:
             "ranks": ranks,
             "per_rank": self.per_rank,
             "timing": timer.summary(),
+            "flops_per_sample": self.flops.per_sample,
+            "utilisation": self.flops.of(self.samples / max(self.train_seconds, 1e-9)),
         }
 
 
@@ -146,14 +151,19 @@ def train_restored(
         check_compatible(restored.state, meta, restored.source)
         model.load_state_dict(restored.state["model"])
     channels_last = use_channels_last(cfg.channels_last, model, worker.device)
-    state = build_train_state(cfg, worker, task, wrap_model(model, channels_last), data)
+    model = wrap_model(model, channels_last, cfg.compile)
+    state = build_train_state(cfg, worker, task, model, data)
     partial = restore_training(restored, state, worker, cfg, data.steps_per_epoch)
+    if cfg.data_engine == "ray":  # a Ray Data stream restarts an epoch it was inside
+        from ray_ddp.ray_data_engine import restart_epoch
+
+        partial = restart_epoch(cfg, state, worker, data.steps_per_epoch, partial)
     counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
 
     ranks = rank_rows(worker)
     announce(cfg, worker, task, facts, data, ranks)
     tools = epoch_tools(cfg, worker, task, channels_last)
-    run = RunSoFar()
+    run = RunSoFar(flops=count_flops(cfg, worker, task, state.model, data))
     progress = state.progress
     if progress.epoch >= cfg.epochs or max_steps_reached(cfg, progress.step):
         worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
@@ -163,9 +173,13 @@ def train_restored(
                 break
             steps_before, syncs_before = progress.step, counter.syncs if counter else 0
             tools.timing = EpochTiming()
+            tools.skips = SkipLog(cfg.max_bad_samples, worker.rank, epoch)
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
+            if cfg.data_engine == "ray":  # rows Ray Data's tasks could not read (rank 0's)
+                tools.skips.rows += data.train_order.take_unreadable()
             partial = fresh_sums(cfg)
             evaluated = validate(cfg, worker, task, state, data)
+            skips = count_unreadable(cfg, worker, tools, evaluated, data)  # may stop the run
             # A --max-steps stop inside the epoch is saved as that position, so a re-run
             # with more steps trains the rest of the epoch instead of skipping it.
             finished = trained.end_sample >= data.train_size
@@ -176,6 +190,8 @@ def train_restored(
                 write_ledger(cfg, worker, epoch, trained.ledger)
             metrics = epoch_metrics(task, state, trained, evaluated, epoch + 1)
             metrics.update(world_size=worker.world_size, accum_steps=data.accumulation)
+            metrics.update(run.flops.of(metrics["samples_per_s"]))
+            metrics["bad_samples"] = skips.total
             progress.best_score = better(task, progress.best_score, metrics)
             if counter is not None:
                 steps = max(1, progress.step - steps_before)
@@ -203,6 +219,10 @@ def train_restored(
 def build_worker_data(
     cfg: TrainConfig, worker: Worker, task: Task, facts: dict[str, Any]
 ) -> WorkerData:
+    if cfg.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.ray_data_engine)
+        from ray_ddp.ray_data_engine import worker_data
+
+        return WorkerData(**worker_data(cfg, worker))
     if cfg.download:
         for turn in (0, 1):
             if download_turn(worker.rank, worker.local_rank) == turn:
@@ -238,11 +258,14 @@ def download_turn(rank: int, local_rank: int) -> int | None:
     return 1 if local_rank == 0 else None
 
 
-def wrap_model(model: torch.nn.Module, channels_last: bool) -> torch.nn.Module:
-    """NHWC if asked, then DDP (with more than one worker) on this worker's device."""
+def wrap_model(model: torch.nn.Module, channels_last: bool, compiled: bool) -> torch.nn.Module:
+    """NHWC if asked, then DDP (with more than one worker) on this worker's device, then
+    torch.compile if asked: compiling the DDP module lets its graph break at the gradient
+    buckets, which keeps the all-reduces overlapping the backward."""
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    return ray.train.torch.prepare_model(model)
+    model = ray.train.torch.prepare_model(model)
+    return torch.compile(model) if compiled else model
 
 
 def build_train_state(
@@ -332,12 +355,37 @@ def announce(
         f"{f' ({described})' if described else ''}; {data.steps_per_epoch} optimizer steps "
         f"of {cfg.global_batch_size} samples per epoch"
     )
+    stream_line = getattr(data.train_order, "describe", None)
+    if stream_line is not None:
+        worker.log(stream_line())
     if cfg.elastic:
         low, high = cfg.worker_range
         worker.log(
             f"elastic: {low} to {high} workers, now {worker.world_size}; the global batch of "
             f"{cfg.global_batch_size} and the data order stay the same at every count"
         )
+
+
+def count_flops(
+    cfg: TrainConfig, worker: Worker, task: Task, model: torch.nn.Module, data: WorkerData
+) -> FlopRate:
+    """FLOPs per training sample, counted once on two validation samples (a forward and
+    backward of a copy of the model), and the workers' peak on GPUs of a known kind;
+    rank 0 logs them."""
+    watch.doing("start: counting the model's FLOPs", slow=True)
+    try:
+        batch, _ = take_skipped(next(iter(data.val_loader)))
+    except StopIteration:  # this rank's validation share is empty
+        batch = None
+    per_sample = None
+    if batch is not None:
+        batch = map_tensors(batch, lambda t: t[:2].to(worker.device))
+        per_sample = training_flops_per_sample(unwrap(model), task, batch)
+    peak = None
+    if worker.device.type == "cuda":
+        peak = peak_tflops(torch.cuda.get_device_name(worker.device), cfg.amp)
+    worker.log(flops_line(per_sample, peak, cfg.amp))
+    return FlopRate(per_sample, peak * worker.world_size if peak else None)
 
 
 # ---------------------------------------------------------------------------- train
@@ -391,6 +439,7 @@ def train_one_epoch(
         position = segment.end
         score = (f"val_{tools.task.best_metric}", tools.task.best_mode)
         watch.doing("checkpoint inside the epoch", slow=True)
+        settle(cfg.run_dir, tools.skips, worker.is_main)  # named before a crash can lose them
         write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums, score)
         watch.progress(f"checkpoint at step {state.progress.step}")
     seconds = time.perf_counter() - started
@@ -427,6 +476,20 @@ def validate(
     )
     with explain_oom(cfg, worker, "evaluation"):
         return evaluate(model, batches, worker.device, task, cfg.amp)
+
+
+def count_unreadable(
+    cfg: TrainConfig, worker: Worker, tools: EpochTools, evaluated: EvalResult, data: WorkerData
+) -> EpochSkips:
+    """The epoch's unreadable samples, all ranks (a collective): named in the run's
+    ``bad_samples.csv`` and said by rank 0; over ``--max-bad-samples`` every rank raises
+    BadSamplesError here, before the epoch is checkpointed."""
+    watch.doing("epoch end: gathering the unreadable samples", collective=True)
+    skips = settle(cfg.run_dir, tools.skips, worker.is_main, evaluated.skipped)
+    if skips.total:
+        epoch = tools.skips.epoch
+        worker.log(skipped_line(epoch, skips, evaluated.samples, data.val_size, cfg.run_dir))
+    return skips
 
 
 def better(task: Task, best: float | None, metrics: dict[str, Any]) -> float:

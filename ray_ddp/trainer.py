@@ -218,9 +218,15 @@ def build_trainer(
     task = prepared.task
     if loop_config is None:
         loop_config = train_loop_config(cfg, task, prepared.facts)
+    ray_data: dict[str, Any] = {}
+    if cfg.data_engine == "ray" and loop is None:  # built when the workers start
+        from ray_ddp.ray_data_engine import trainer_datasets
+
+        ray_data = trainer_datasets(cfg)
     return TorchTrainer(
         loop or train_loop_per_worker,  # the evaluation job passes its own
         train_loop_config=loop_config,
+        **ray_data,  # datasets and their split (--data-engine ray)
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
         torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg)),
         scaling_config=ScalingConfig(
@@ -299,6 +305,9 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
         "wall_s": wall_s,
         "samples_per_s": info.get("samples_seen", 0) / train_seconds if train_seconds else 0.0,
         "timing": info.get("timing", {}),
+        "flops_per_sample": info.get("flops_per_sample"),
+        # TFLOP/s (and MFU on GPUs of a known peak) over the run's training time.
+        "utilisation": info.get("utilisation", {}),
     }
 
 

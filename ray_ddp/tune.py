@@ -88,7 +88,7 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     validate_sweep(sweep, cfg)
     if cfg.name and not sweep.resume:
         refuse_existing(join(storage_location(cfg.storage_path), cfg.name))
-    cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes)
+    cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes, dashboard=True)
     task = prepared.task
     metric, mode = f"val_{task.best_metric}", task.best_mode
     import ray

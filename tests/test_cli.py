@@ -329,6 +329,7 @@ TRAIN_FLAGS = {
     "--resize-check-s",  # issue 15: elastic runs
     # issue 17: data larger than memory, Ray Data, bad samples
     "--parquet-read", "--shuffle-buffer", "--data-engine", "--max-bad-samples",
+    "--compile",  # issue 18: torch.compile in the training path
     "--hang-timeout", "--hang-grace",  # issue 16: the hang watchdog
 }  # fmt: skip
 SWEEP_FLAGS = {
@@ -400,7 +401,7 @@ def test_every_train_field_has_a_flag_that_sets_it():
     internal = {"progress_interval_s", "log_prefix", "inject_nan_step", "inject_nan_rank"}
     internal |= {"stall_step", "stall_rank", "stall_s", "sample_ledger", "slow_step_s"}
     internal |= {"slow_rank", "slow_start_s", "slow_checkpoint_s", "hang_loader_sample"}
-    internal |= {"stall_frozen"}
+    internal |= {"stall_frozen", "stall_exit"}
     internal |= {"min_workers"}  # set by --num-workers MIN-MAX
     assert set(values) | internal == {f.name for f in dataclasses.fields(TrainConfig)}
     # The off switches of the tri-state flags, and a strategy in lower case.

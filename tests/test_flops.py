@@ -46,8 +46,9 @@ def test_a_convolution_counts_by_hand_and_the_model_is_untouched():
 
 
 def test_peaks_and_mfu():
-    assert peak_tflops("NVIDIA H200", "bf16") == 989.4
-    assert peak_tflops("NVIDIA H100 80GB HBM3", "off") == 494.7
+    assert peak_tflops("NVIDIA H200", "bf16") == 989.0
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "off") == 494.0
+    assert peak_tflops("NVIDIA H100 PCIe", "off", tf32=False) == 51.0
     assert peak_tflops("NVIDIA A100-SXM4-80GB", "fp16") == 312.0
     assert peak_tflops("cpu", "off") is None
     assert utilisation(3e9, 1000.0, 10.0) == {"tflops": 3.0, "mfu": 0.3}

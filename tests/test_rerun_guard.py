@@ -56,6 +56,9 @@ HAND_WRITTEN = {
     # Issue 16: when a rank counts as hung; testing aids.
     "hang_timeout", "hang_grace", "slow_start_s", "slow_checkpoint_s", "hang_loader_sample",
     "stall_frozen",
+    # Issue 17: how many unreadable samples to skip; a testing aid. Issue 18: compiling
+    # changes how the same steps run, not what they compute.
+    "max_bad_samples", "stall_exit", "compile",
 }  # fmt: skip
 
 
