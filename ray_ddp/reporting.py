@@ -180,10 +180,11 @@ def worker_table(per_rank: Sequence[dict[str, Any]]) -> str:
     """Per-worker speed and peak memory (CUDA peak allocated on GPU, resident set on CPU),
     and where timed, the time per step until ready for the all-reduce and the data wait."""
     timed = all("ready_ms" in r for r in per_rank)
-    extra = f"  {'ready ms/step':>13}  {'data wait':>9}" if timed else ""
+    extra = f"  {'ready ms/step':>13}  {'data wait (ms/step)':>19}" if timed else ""
     lines = [f"  {'rank':>4}  {'samples/s':>9}{extra}  {'peak memory':>12}"]
     for r in sorted(per_rank, key=lambda r: r["rank"]):
-        cells = f"  {r['ready_ms']:>13.1f}  {r['data_wait']:>9.0%}" if timed else ""
+        wait = f"{r['data_wait']:.0%} ({r.get('data_wait_ms', 0.0):.1f})"
+        cells = f"  {r['ready_ms']:>13.1f}  {wait:>19}" if timed else ""
         lines.append(
             f"  {r['rank']:>4}  {r['samples_per_s']:>9.0f}{cells}  {r['peak_memory_mb']:>9.0f} MB "
             f"({r['memory_kind']})"

@@ -99,7 +99,8 @@ class RunLogs:
                     "epoch/stragglers", len(metrics["stragglers"].split()), epoch
                 )
             for row in per_rank:
-                for key in ("samples_per_s", "peak_memory_mb", "ready_ms", "data_wait"):
+                for key in ("samples_per_s", "peak_memory_mb", "ready_ms", "data_wait",
+                            "data_wait_ms"):  # fmt: skip
                     if key in row:
                         self.writer.add_scalar(f"ranks/{key}/{row['rank']}", row[key], epoch)
             if metrics.get("stragglers"):

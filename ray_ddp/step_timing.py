@@ -72,12 +72,14 @@ class EpochTiming:
         """``(micro-batches this rank trained in the step, seconds until ready)``."""
 
     def summary(self, train_seconds: float) -> dict[str, Any]:
-        """``data_wait`` (fraction of the training time), ``ready_ms`` (median over the
-        steps with this rank's usual number of micro-batches) and that number."""
+        """``data_wait`` (fraction of the training time), ``data_wait_ms`` (per optimizer
+        step), ``ready_ms`` (median over the steps with this rank's usual number of
+        micro-batches) and that number."""
         out: dict[str, Any] = {
             "data_wait": self.data_wait_s / train_seconds if train_seconds else 0.0
         }
         if self.ready:
+            out["data_wait_ms"] = 1000 * self.data_wait_s / len(self.ready)
             usual = statistics.mode(count for count, _ in self.ready)
             times = [seconds for count, seconds in self.ready if count == usual]
             out.update(ready_ms=1000 * statistics.median(times), micro_per_step=usual)

@@ -317,10 +317,10 @@ def test_the_epoch_line_shows_a_large_data_wait_and_the_table_every_ranks():
     assert line.endswith("data wait 34% (rank 1)")
     table = reporting.worker_table([
         {"rank": r, "samples_per_s": 50.0, "peak_memory_mb": 900.0, "memory_kind": "peak RSS",
-         "ready_ms": 3.0 + r, "data_wait": 0.1 * r} for r in (0, 1)
+         "ready_ms": 3.0 + r, "data_wait": 0.1 * r, "data_wait_ms": 2.5 * r} for r in (0, 1)
     ])  # fmt: skip
-    assert "ready ms/step  data wait" in table
-    assert table.splitlines()[2].split()[:4] == ["1", "50", "4.0", "10%"]
+    assert "ready ms/step  data wait (ms/step)" in table
+    assert table.splitlines()[2].split()[:5] == ["1", "50", "4.0", "10%", "(2.5)"]
 
 
 def test_epoch_timing_takes_the_median_of_the_steps_with_the_usual_micro_batch_count():
@@ -328,7 +328,8 @@ def test_epoch_timing_takes_the_median_of_the_steps_with_the_usual_micro_batch_c
     timing.data_wait_s = 0.5
     timing.ready.extend([(2, 0.010), (2, 0.012), (2, 0.011), (1, 0.5), (2, 0.9)])
     summary = timing.summary(train_seconds=5.0)
-    assert summary == {"data_wait": 0.1, "ready_ms": pytest.approx(11.5), "micro_per_step": 2}
+    assert summary == {"data_wait": 0.1, "data_wait_ms": 100.0,  # 0.5 s over 5 steps
+                       "ready_ms": pytest.approx(11.5), "micro_per_step": 2}  # fmt: skip
 
 
 def test_the_process_group_timeout_comes_after_every_allowance_and_nccl_is_set_up():
