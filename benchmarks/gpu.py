@@ -71,12 +71,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def measure(args, torch, torchvision, device, precision: str, channels_last: bool, compiled: bool):
-    """One configuration: returns (samples/s, peak memory GB) or raises."""
+def measure(
+    args, torch, torchvision, device, precision: str, channels_last: bool, compiled: bool,
+    ddp: bool = False,
+):  # fmt: skip
+    """One configuration: returns (samples/s, peak memory GB) or raises. ``ddp``: the model
+    in DistributedDataParallel (a process group must exist: under torchrun)."""
     torch.manual_seed(0)
     model = torchvision.models.get_model(args.model, weights=None, num_classes=1000).to(device)
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     model = model.to(memory_format=fmt)
+    if ddp:
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
     x = torch.randn(args.batch_size, 3, args.image_size, args.image_size, device=device)
     x = x.to(memory_format=fmt)
     y = torch.randint(0, 1000, (args.batch_size,), device=device)

@@ -89,6 +89,7 @@ class SplitLayout:
         self.pieces = pieces
         self.size = first
         self._open: dict[int, Any] = {}
+        self._reading = threading.Lock()
 
     def subset(self, limit: int, seed: int) -> list[Piece]:
         """A seeded subset of ``limit`` rows made of whole row groups (a random choice of
@@ -109,11 +110,12 @@ class SplitLayout:
         """The piece's columns, as Python lists (input values, labels)."""
         import pyarrow.parquet as pq
 
-        handle = self._open.get(piece.file)
-        if handle is None:
-            handle = pq.ParquetFile(self.fs.open_input_file(self.files[piece.file]))
-            self._open[piece.file] = handle
-        table = handle.read_row_group(piece.group, columns=self.columns)
+        with self._reading:  # an abandoned pass's reader may still be finishing a read
+            handle = self._open.get(piece.file)
+            if handle is None:
+                handle = pq.ParquetFile(self.fs.open_input_file(self.files[piece.file]))
+                self._open[piece.file] = handle
+            table = handle.read_row_group(piece.group, columns=self.columns)
         table = table.slice(piece.begin, piece.rows)
         return [table.column(c).to_pylist() for c in self.columns]  # type: ignore[return-value]
 
@@ -133,7 +135,10 @@ class SplitLayout:
         return self._group_starts[(piece.file, piece.group)]
 
     def __getstate__(self) -> dict[str, Any]:  # open files stay in the process that opened them
-        return {**self.__dict__, "_open": {}}
+        return {k: v for k, v in self.__dict__.items() if k not in ("_open", "_reading")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _open={}, _reading=threading.Lock())
 
 
 def _parquet_files(fs, path: str, location: str) -> list[str]:

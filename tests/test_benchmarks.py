@@ -71,3 +71,23 @@ def test_gpu_path_check_runs_dry_on_cpu():
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().endswith("gpu_path: all checks passed")
     assert "optimizer step 7 on rank 0" in proc.stdout
+
+
+@pytest.mark.ray
+@pytest.mark.own_cluster  # its jobs start their own local Ray, as on the GPU machine
+def test_the_gpu_check_under_ray_rehearses_on_cpu(tmp_path, no_shared_ray):
+    """benchmarks/gpu_ray.py --dry-run: every step the GPU call will take, tiny, on CPU."""
+    out = tmp_path / "gpu_ray"
+    done = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "gpu_ray.py"), "--dry-run", "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "gpu_ray.json").read_text())
+    (row,) = report["rows"]  # bf16, not compiled: the dry run's one case
+    assert row["bare"] > 0 and row["torchrun"] > 0 and row["ray_ddp_samples_per_s"] > 0
+    assert row["ray_ddp_flops_per_sample"] > 0 and row["ray_ddp_vs_bare"] > 0
+    real = report["real_run"]
+    assert real["stopped_exit"] == real["resumed_exit"] == real["evaluate_exit"] == 0
+    assert real["resumed"].startswith("resumed from") and real["export"]
+    assert (out / "gpu_ray.md").read_text().startswith("# GPU path under Ray")

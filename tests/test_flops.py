@@ -54,3 +54,18 @@ def test_peaks_and_mfu():
     assert utilisation(3e9, 1000.0, 10.0) == {"tflops": 3.0, "mfu": 0.3}
     assert utilisation(3e9, 1000.0, None) == {"tflops": 3.0}
     assert utilisation(None, 1000.0, 10.0) == {}
+
+
+def test_the_epoch_line_and_the_summary_show_the_rate_and_mfu():
+    from ray_ddp import reporting
+
+    metrics = {"epoch": 1, "train_loss": 1.0, "val_acc": 0.5, "lr": 1e-3,
+               "samples_per_s": 3000.0, "epoch_s": 2.0}  # fmt: skip
+    assert "MFU" not in reporting.epoch_line({**metrics, "tflops": 0.02}, 3)  # CPU: CSV only
+    line = reporting.epoch_line({**metrics, "tflops": 73.5, "mfu": 0.4123}, 3)
+    assert "73.5 TFLOP/s  MFU 41%" in line
+    summary = {"name": "r", "run_dir": "runs/r", "world_size": 1, "device": "gpu",
+               "global_batch_size": 256, "epochs_completed": 1, "epochs": 1, "final": {},
+               "best": {}, "wall_s": 10.0, "samples_per_s": 3000.0,
+               "utilisation": {"tflops": 0.045}}  # fmt: skip
+    assert reporting.summary_text(summary).endswith("3000 samples/s while training, 45 GFLOP/s")
