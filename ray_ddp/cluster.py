@@ -42,8 +42,7 @@ REQUEST_GRACE_S = 60.0
 # A Ray started by this process for itself (not a cluster it joins) runs beside the
 # workers on the same cores: the background work that only clusters need is switched off.
 # Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
-# and the first step 2 s sooner (2 runs each). The dashboard starts for sweeps only: Tune's
-# clean-up of placement groups uses its State API; a training run needs none of it.
+# and the first step 2 s sooner (2 runs each). The dashboard stays (see connect).
 QUIET_LOCAL_RAY = {
     "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
     "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
@@ -59,9 +58,10 @@ def prepare_cluster_run(
 ) -> tuple[TrainConfig, PreparedTask]:
     """Preflight (of ``task``, else the one ``cfg.task`` names), connect, resolve the
     workers, re-check the batch now that the worker count is known, and make the storage
-    absolute and shared; ``dashboard``: a local Ray starts its dashboard (a sweep needs
-    its State API). Returns the resolved config (``num_workers`` and ``use_gpu`` set,
-    ``storage_path`` absolute or a URI) and the checked task."""
+    absolute and shared; ``dashboard``: a local Ray must start its dashboard (a sweep
+    needs its State API, see :func:`connect`). Returns the resolved config
+    (``num_workers`` and ``use_gpu`` set, ``storage_path`` absolute or a URI) and the
+    checked task."""
     prepared = preflight(cfg, batch_sizes, task)
     connect(cfg.address, dashboard)
     cfg = resolve_scaling(cfg)
@@ -73,9 +73,10 @@ def prepare_cluster_run(
 
 
 def connect(address: str | None, dashboard: bool = False) -> None:
-    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray, with its
-    dashboard only if asked (a training run does not use it; a sweep's clean-up of
-    placement groups does)."""
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray with its
+    dashboard: Ray Train's PlacementGroupCleaner and Tune's clean-up query its State API.
+    ``RAY_DDP_DASHBOARD=0`` leaves it out of a training run, for a machine without the
+    dashboard's packages (the lent GPU machine); ``dashboard=True`` (a sweep) keeps it."""
     import ray
 
     if ray.is_initialized():
@@ -85,6 +86,7 @@ def connect(address: str | None, dashboard: bool = False) -> None:
         return
     for key, value in QUIET_LOCAL_RAY.items():
         os.environ.setdefault(key, value)  # the user's own setting wins
+    dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") != "0"
     ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
 
 
