@@ -119,7 +119,9 @@ def train_epoch(
     optimizer.zero_grad(set_to_none=True)
     tools.timer.restart()
     timing = tools.timing
-    batches = iter(loader)
+    opened = time.perf_counter()
+    batches = iter(loader)  # a Ray Data stream starts here: its wait is the data's too
+    timing.data_wait_s += time.perf_counter() - opened
     step_started = time.perf_counter()
     micro_in_step = 0
     last_good = None  # this rank's latest micro-batch with a readable sample
