@@ -165,7 +165,9 @@ def real_run(args) -> dict:
     with open(summary) as f:
         s = json.load(f)
     with open(os.path.join(logs, "real-2-resumed.log")) as f:
-        resumed = [line.strip() for line in f if line.startswith("resumed from")]
+        # Ray prefixes a worker's lines with "(RayTrainWorker pid=...)".
+        resumed = ["resumed from" + line.split("resumed from", 1)[1].rstrip() for line in f
+                   if "resumed from" in line]  # fmt: skip
     evaluated = os.path.join(logs, "real-evaluate.json")
     code = run(
         [sys.executable, os.path.join(ROOT, "jobs", "evaluate.py"), s["latest_checkpoint"],
