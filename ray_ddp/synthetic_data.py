@@ -33,6 +33,24 @@ def _prototypes(generator: torch.Generator) -> torch.Tensor:
     return smooth / smooth.flatten(1).std(dim=1).view(-1, 1, 1, 1)
 
 
+_CHUNK = 4096  # samples made at once: bounds the temporary tensors (~12 MB each)
+
+
+def _rolled(protos: torch.Tensor, labels: torch.Tensor, shifts: torch.Tensor) -> torch.Tensor:
+    """``torch.roll(protos[labels[i]], shifts=tuple(shifts[i]), dims=(1, 2))`` for every
+    i at once, by gathering: row h of the result is row h - shift (mod size)."""
+    size = torch.arange(IMAGE_SIZE)
+    rows = (size - shifts[:, :1]) % IMAGE_SIZE  # (n, H)
+    cols = (size - shifts[:, 1:]) % IMAGE_SIZE  # (n, W)
+    n = len(labels)
+    return protos[
+        labels.view(n, 1, 1, 1),
+        torch.arange(CHANNELS).view(1, CHANNELS, 1, 1),
+        rows.view(n, 1, IMAGE_SIZE, 1),
+        cols.view(n, 1, 1, IMAGE_SIZE),
+    ]
+
+
 def _samples(
     protos: torch.Tensor, count: int, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,11 +59,11 @@ def _samples(
     shifts = torch.randint(-_MAX_SHIFT, _MAX_SHIFT + 1, (count, 4), generator=generator)
     contrast = 0.6 + 0.8 * torch.rand(count, generator=generator)
     images = torch.empty(count, CHANNELS, IMAGE_SIZE, IMAGE_SIZE)
-    for i in range(count):
-        sx, sy, ox, oy = shifts[i].tolist()
-        main = torch.roll(protos[labels[i]], shifts=(sx, sy), dims=(1, 2))
-        distractor = torch.roll(protos[other[i]], shifts=(ox, oy), dims=(1, 2))
-        images[i] = contrast[i] * main + _DISTRACTOR * distractor
+    for start in range(0, count, _CHUNK):
+        part = slice(start, start + _CHUNK)
+        main = _rolled(protos, labels[part], shifts[part, :2])
+        distractor = _rolled(protos, other[part], shifts[part, 2:])
+        images[part] = contrast[part].view(-1, 1, 1, 1) * main + _DISTRACTOR * distractor
     images += _NOISE_STD * torch.randn(images.shape, generator=generator)
     return images, labels
 
