@@ -3,6 +3,7 @@ forward on the meta device, before Ray starts (``ImageClassification.check``).""
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Sequence
 
@@ -16,6 +17,11 @@ from ray_ddp.task_check import meta_cannot_tell, weights_on_meta
 # Square image sizes to try a model on when the data's size fails, to say which one to
 # pass: the common ones, up to torchvision's inception_v3 (299).
 _PROBE_SIZES = (32, 64, 128, 224, 299)
+# A model this small is tried for real, on CPU: a forward of 2 samples takes milliseconds,
+# where the meta device's first use imports its shape machinery (sympy and the meta
+# kernels: 2-3 s of the driver's start-up on 2 cores). Larger ones stay on meta.
+_REAL_PARAMETERS = 5_000_000
+_REAL_INPUT = 3 * 128 * 128
 
 
 def check_model_runs(
@@ -26,10 +32,10 @@ def check_model_runs(
 
     Runs its training-mode forward on a batch of 2 samples of the data's shape on the
     ``meta`` device: shapes only, no memory, no weights, no arithmetic (ResNet-50: about
-    0.1 s, most of it building the modules). It must give one tensor of class scores,
-    (2, num_classes). Where the meta device cannot tell (an op without a meta kernel, a
-    value the forward needs), the model is let through: the check never refuses a model
-    that works."""
+    0.1 s, most of it building the modules); a small model runs for real on CPU instead
+    (``_runs_for_real``). It must give one tensor of class scores, (2, num_classes).
+    Where the meta device cannot tell (an op without a meta kernel, a value the forward
+    needs), the model is let through: the check never refuses a model that works."""
     with warnings.catch_warnings():  # torchvision's notes on weight init, irrelevant here
         warnings.simplefilter("ignore")
         try:
@@ -38,6 +44,8 @@ def check_model_runs(
         except ConfigError:
             raise
         except Exception:  # a constructor that needs real weights: cannot tell here
+            return
+        if _runs_for_real(model, model_name, input_shape, num_classes):
             return
         model.train()
         try:
@@ -50,6 +58,26 @@ def check_model_runs(
                 ) from None
             return
         _check_output(model_name, output, num_classes)
+
+
+def _runs_for_real(
+    meta_model: nn.Module, model_name: str, input_shape: tuple[int, ...], num_classes: int
+) -> bool:
+    """For a small model: its real forward on CPU gives (2, num_classes) class scores. False
+    when it is not small or fails (the meta device then says why, as for any model)."""
+    size = sum(p.numel() for p in meta_model.parameters())
+    if size > _REAL_PARAMETERS or math.prod(input_shape) > _REAL_INPUT:
+        return False
+    try:
+        with torch.random.fork_rng(devices=[]):  # the driver's random state is untouched
+            model = build_model(model_name, input_shape, num_classes)
+        model.train()
+        with torch.no_grad():
+            output = model(torch.zeros(2, *input_shape))
+    except Exception:
+        return False
+    _check_output(model_name, output, num_classes)
+    return True
 
 
 def _forward(model: nn.Module, input_shape: tuple[int, ...]) -> object:
