@@ -104,12 +104,19 @@ def _train(argv: Sequence[str] | None) -> None:
     validate(cfg)  # bad flags are refused before torch and Ray are imported
 
     from ray_ddp import reporting
+    from ray_ddp.timeline import mark
     from ray_ddp.trainer import run_training, write_summary
 
+    mark("flags parsed")
     summary = run_training(cfg)
     print(reporting.summary_text(summary), flush=True)
     if cfg.summary_json:
         write_summary(summary, cfg.summary_json)
+    mark("summary printed")
+    import ray
+
+    ray.shutdown()  # what exiting would do anyway, timed here
+    mark("Ray shut down")
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:

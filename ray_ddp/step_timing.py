@@ -13,12 +13,15 @@ import statistics
 import time
 from typing import Any
 
+from ray_ddp.timeline import mark
+
 WARMUP_STEPS = 10
 
 
 class StepTimer:
-    def __init__(self, warmup_steps: int = WARMUP_STEPS) -> None:
+    def __init__(self, warmup_steps: int = WARMUP_STEPS, who: str = "worker") -> None:
         self.warmup_steps = warmup_steps
+        self.who = who  # for the timeline's mark of the first step
         self.steps = 0
         self.first_step_unix: float | None = None
         self.durations: list[float] = []
@@ -39,6 +42,7 @@ class StepTimer:
         self.steps += 1
         if self.first_step_unix is None:
             self.first_step_unix = time.time()
+            mark("first optimizer step", self.who)
         if self.steps > self.warmup_steps and self._mark is not None:
             self.durations.append(now - self._mark)
             self.samples_timed += samples

@@ -47,6 +47,7 @@ from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import EpochTiming, StepTimer
 from ray_ddp.task import Task, map_tensors
+from ray_ddp.timeline import mark
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.train_state import EpochSums, TrainProgress, TrainState, unwrap
@@ -117,13 +118,17 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     cfg = TrainConfig.from_dict(config["config"])
     task, facts = config["task"], config["facts"]
     worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+    me = f"rank {worker.rank}"
+    mark("loop entered (process group up)", me)
     attempt = number_attempt(cfg, worker)  # first: whatever fails later is this attempt's
 
     # Build: the data (its size sets the schedule), then the model, identical on all ranks.
     data = build_worker_data(cfg, worker, task, facts)
+    mark("data built", me)
     seed_initial_weights(cfg.seed)
     model = task.model(cfg, facts)
     meta = task_meta(cfg.task, facts)
+    mark("model built", me)
 
     # Restore: the weights before DDP broadcasts rank 0's, the rest once it all exists.
     restored = find_restore_point(cfg.resume_from, worker)
@@ -160,10 +165,14 @@ def train_restored(
         partial = restart_epoch(cfg, state, worker, data.steps_per_epoch, partial)
     counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
 
+    me = f"rank {worker.rank}"
+    mark("model wrapped, state restored", me)
     ranks = rank_rows(worker)
     announce(cfg, worker, task, facts, data, ranks)
     tools = epoch_tools(cfg, worker, task, channels_last)
+    mark("rank table, logs", me)
     run = RunSoFar(flops=count_flops(cfg, worker, task, state.model, data))
+    mark("FLOPs counted", me)
     progress = state.progress
     if progress.epoch >= cfg.epochs or max_steps_reached(cfg, progress.step):
         worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
@@ -212,6 +221,7 @@ def train_restored(
     finally:
         if tools.logs is not None:
             tools.logs.close()  # flushes TensorBoard, renders curves.png from metrics.csv
+    mark("training ended, logs closed", me)
     return run.summary(worker, progress, ranks, tools.timer)
 
 
@@ -293,7 +303,7 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
     return EpochTools(
         task=task,
         device=worker.device,
-        timer=StepTimer(),
+        timer=StepTimer(who=f"rank {worker.rank}"),
         guard=LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps),
         logs=logs,
         show_progress=worker.is_main and cfg.progress_interval_s > 0,

@@ -1,0 +1,267 @@
+"""Where ray_ddp's start-up and shutdown seconds go: a timeline of one short run.
+
+    python benchmarks/startup.py                 # 3 runs of the benchmark job, each timed
+    python benchmarks/startup.py --repeats 5 --steps 20
+
+Runs ``jobs/train.py`` as ``benchmarks/run.py`` does (the same job, its own local Ray)
+with ``RAY_DDP_TIMELINE`` set, so the driver and every rank stamp their stages
+(``ray_ddp/timeline.py``), while a poller reads /proc every 20 ms for the processes Ray
+starts: when each began (its kernel start time) and when a pooled worker became an actor
+(its title changed). Each row is the median over the runs of the seconds since launch,
+(min-max), and who spends them: ours or Ray's. Results: ``benchmarks/results/startup.md``
+and ``startup.json``.
+
+Must not share the machine with another Ray instance.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+from run import BY_NAME, ROOT, Settings, command, environment, machine  # noqa: E402
+
+# Ray's processes by their title (Ray renames a pooled worker ``ray::<Actor>`` when it
+# becomes one; its own daemons keep their program's name): the ones on the timeline.
+RAY_PROCESSES = {
+    "gcs_server": "Ray: GCS server",
+    "raylet": "Ray: raylet",
+    "dashboard.py": "Ray: dashboard",
+    "default_worker.py": "Ray: a pooled worker process",
+    "TrainController": "Ray: Train controller actor",
+    "ray::RayTrainWorker": "Ray: Train worker actor",
+}
+
+
+def _boot_time() -> float:
+    """The unix time of boot, to 10 ms (/proc/stat's btime is whole seconds)."""
+    with open("/proc/uptime") as f:
+        return time.time() - float(f.read().split()[0])
+
+
+BOOT = _boot_time()
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _title(cmdline: str) -> str:
+    """A short name for a process: the actor of a Ray worker, else its program (and
+    script)."""
+    words = cmdline.split()
+    if not words:
+        return "?"
+    if words[0].startswith("ray::"):
+        return words[0].split(".")[0]  # ray::TrainController.run -> ray::TrainController
+    program = os.path.basename(words[0])
+    script = next((os.path.basename(w) for w in words[1:] if w.endswith(".py")), "")
+    return f"{program} {script}".strip()
+
+
+class ProcessWatch(threading.Thread):
+    """Every 20 ms: the processes started since ``since``, under which title, and their
+    CPU time so far; keeps each (pid, title)'s first and last sight."""
+
+    def __init__(self, since: float) -> None:
+        super().__init__(daemon=True)
+        self.since = since
+        self.seen: dict[tuple[str, str], list[float]] = {}
+        self.started: dict[str, float] = {}
+        self.cpu: dict[str, float] = {}
+        self.titles: dict[str, str] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        me = str(os.getpid())
+        while not self.stop.wait(0.02):
+            now = time.time()
+            for pid in os.listdir("/proc"):
+                if pid.isdigit() and pid != me:
+                    self._look(pid, now)
+
+    def _look(self, pid: str, now: float) -> None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            return
+        started = BOOT + int(fields[19]) / TICKS
+        if started < self.since - 0.05:
+            return  # not this run's
+        self.started[pid] = started
+        # A process that has exited reads as a zombie: no command line, its final CPU.
+        self.cpu[pid] = max(self.cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / TICKS)
+        if not cmdline.strip():
+            return
+        title = _title(cmdline)
+        self.titles[pid] = title
+        span = self.seen.setdefault((pid, title), [now, now])
+        span[1] = now
+
+    def events(self) -> list[tuple[float, str]]:
+        """(unix time, what) for the first of each kind on the timeline to start or
+        appear, and for the last Train worker to go."""
+        events = []
+        for kind, label in RAY_PROCESSES.items():
+            spans = [(pid, s) for (pid, t), s in self.seen.items() if kind in t]
+            if not spans:
+                continue
+            if "::" in kind or "Controller" in kind:  # a pooled worker turned actor: renamed
+                events.append((min(s[0] for _, s in spans), f"{label} assigned"))
+            else:
+                events.append((min(self.started[pid] for pid, _ in spans), f"{label} started"))
+            if kind == "ray::RayTrainWorker":
+                events.append((max(s[1] for _, s in spans), "Ray: last Train worker gone"))
+        return events
+
+    def cpu_by_title(self) -> dict[str, dict[str, float]]:
+        """CPU seconds and process count per title (a process under its last title)."""
+        out: dict[str, dict[str, float]] = {}
+        for pid, cpu in self.cpu.items():
+            entry = out.setdefault(self.titles.get(pid, "?"), {"processes": 0, "cpu_s": 0.0})
+            entry["processes"] += 1
+            entry["cpu_s"] += cpu
+        return out
+
+
+def one_run(s: Settings, rep: int, work: str, extra_env: dict[str, str]) -> dict[str, Any]:
+    """Seconds since launch of every stage of one run of the ray_ddp case, and the CPU
+    seconds of every process it started."""
+    case = BY_NAME["ray_ddp"]
+    timeline = os.path.join(work, f"timeline-{rep}.jsonl")
+    result = os.path.join(work, f"result-{rep}.json")
+    cmd = command(case, s, result, os.path.join(work, "runs"), f"startup-{rep}")
+    env = {**environment(case, s), "RAY_DDP_TIMELINE": timeline, **extra_env}
+    launch = time.time()
+    watch = ProcessWatch(since=launch)
+    watch.start()
+    with open(os.path.join(work, f"run-{rep}.log"), "w") as log:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+    end = time.time()
+    time.sleep(0.1)
+    watch.stop.set()
+    watch.join()
+    if rc != 0:
+        raise RuntimeError(f"run {rep} failed (exit {rc}); see {work}/run-{rep}.log")
+    from ray_ddp.timeline import read
+
+    events = [(launch, "launch")]
+    seen = set()
+    for m in read(timeline):
+        if m["who"].startswith("rank") and m["who"] != "rank 0":
+            continue  # rank 0 speaks for the ranks (they wait for each other)
+        key = f"{m['who']}: {m['stage']}"
+        if key not in seen:
+            seen.add(key)
+            events.append((m["t"], key))
+    events += watch.events()
+    events.append((end, "driver: exited"))
+    with open(result) as f:
+        steady = (json.load(f).get("timing") or {}).get("steady_samples_per_s_per_worker")
+    return {
+        "stages": {what: t - launch for t, what in sorted(events)},
+        "cpu": watch.cpu_by_title(),
+        "samples_per_s": 2 * steady if steady else None,
+    }
+
+
+def median_range(values: list[float], digits: int = 2) -> str:
+    lo, med, hi = min(values), statistics.median(values), max(values)
+    return f"{med:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
+def timeline_table(runs: list[dict[str, Any]]) -> list[str]:
+    stages = [r["stages"] for r in runs]
+    order = sorted(stages[0], key=lambda k: statistics.median(r.get(k, 0.0) for r in stages))
+    lines = [
+        "| s since launch, median (min–max) | since the row above | stage |",
+        "|---:|---:|---|",
+    ]
+    previous = 0.0
+    for what in order:
+        values = [r[what] for r in stages if what in r]
+        med = statistics.median(values)
+        lines.append(f"| {median_range(values)} | {med - previous:+.2f} | {what} |")
+        previous = med
+    return lines
+
+
+def cpu_table(runs: list[dict[str, Any]]) -> list[str]:
+    titles = sorted({t for r in runs for t in r["cpu"]})
+    rows = []
+    for title in titles:
+        cpu = [r["cpu"].get(title, {}).get("cpu_s", 0.0) for r in runs]
+        count = max(r["cpu"].get(title, {}).get("processes", 0) for r in runs)
+        rows.append((statistics.median(cpu), title, count, cpu))
+    total = [sum(e["cpu_s"] for e in r["cpu"].values()) for r in runs]
+    lines = ["| CPU s, median (min–max) | processes | process |", "|---:|---:|---|"]
+    for _, title, count, cpu in sorted(rows, reverse=True):
+        if max(cpu) >= 0.05:
+            lines.append(f"| {median_range(cpu)} | {count} | `{title}` |")
+    lines.append(f"| {median_range(total)} | | **all the run's processes** |")
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
+                    help="set in the run's environment (an A/B of a Ray setting)")  # fmt: skip
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--tag", default="startup", help="the results' file names")
+    args = ap.parse_args()
+    extra_env = dict(item.split("=", 1) for item in args.env)
+    s = Settings(
+        model="small_cnn", batch_size=64, steps=args.steps, accum_case_steps=args.steps,
+        warmup=10, train_samples=25728, val_samples=512, seed=0, repeats=args.repeats,
+        timeout_s=600,
+    )  # fmt: skip
+    work = tempfile.mkdtemp(prefix="ray_ddp_startup_")
+    runs = []
+    for rep in range(args.repeats):
+        runs.append(one_run(s, rep, work, extra_env))
+        stages = runs[-1]["stages"]
+        print(f"run {rep + 1}/{args.repeats}: first step at "
+              f"{stages.get('rank 0: first optimizer step', float('nan')):.1f} s, "
+              f"exit at {stages['driver: exited']:.1f} s", flush=True)  # fmt: skip
+    env_text = "".join(f" --env {k}={v}" for k, v in extra_env.items())
+    lines = [
+        "# Where ray_ddp's start-up goes (a timeline)",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} with `python benchmarks/startup.py "
+        f"--repeats {args.repeats} --steps {args.steps}{env_text}`: the `benchmarks/run.py` "
+        f"job (small_cnn, 2 CPU workers, batch 64 per worker) for {args.steps} optimizer "
+        "steps, its own local Ray.",
+        "",
+        f"- machine: {json.dumps(machine())}",
+        "",
+        *timeline_table(runs),
+        "",
+        "CPU time of every process the run started (Ray's daemons, actors and pooled "
+        "workers, the driver, DataLoader and compile workers), from launch to exit:",
+        "",
+        *cpu_table(runs),
+    ]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, f"{args.tag}.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, f"{args.tag}.json"), "w") as f:
+        json.dump({"runs": runs, "machine": machine(), "env": extra_env}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
