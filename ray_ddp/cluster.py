@@ -31,6 +31,7 @@ from ray_ddp.placement import (
 from ray_ddp.preflight import PreparedTask, check_batch_fits, preflight
 from ray_ddp.storage import is_uri, storage_location
 from ray_ddp.task import Task
+from ray_ddp.timeline import mark
 
 DEFAULT_CPU_WORKERS = 2
 RESOURCE_POLL_S = 2.0
@@ -42,10 +43,13 @@ REQUEST_GRACE_S = 60.0
 # A Ray started by this process for itself (not a cluster it joins) runs beside the
 # workers on the same cores: the background work that only clusters need is switched off.
 # Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
-# and the first step 2 s sooner (2 runs each). The dashboard stays (see connect).
+# and the first step 2 s sooner (2 runs each). The dashboard is left out too (see connect),
+# and so are Ray Train's helper actors (lean_trainer). Ray Train's spot-preemption watcher
+# stays: it is a thread polling every 5 s, and switching it off takes a RAY_TRAIN_*
+# variable, which would give the workers a runtime environment of their own and so cost
+# them Ray's pre-started processes (lean_trainer).
 QUIET_LOCAL_RAY = {
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
-    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
+    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export (read here)
     "RAY_USAGE_STATS_ENABLED": "0",  # usage telemetry at start-up
 }
 
@@ -63,7 +67,9 @@ def prepare_cluster_run(
     (``num_workers`` and ``use_gpu`` set, ``storage_path`` absolute or a URI) and the
     checked task."""
     prepared = preflight(cfg, batch_sizes, task)
+    mark("task and data checked")
     connect(cfg.address, dashboard)
+    mark("Ray connected")
     cfg = resolve_scaling(cfg)
     for batch_size in batch_sizes or [cfg.batch_size]:
         check_batch_fits(cfg, prepared.train_size, batch_size)
@@ -73,10 +79,13 @@ def prepare_cluster_run(
 
 
 def connect(address: str | None, dashboard: bool = False) -> None:
-    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray with its
-    dashboard: Ray Train's PlacementGroupCleaner and Tune's clean-up query its State API.
-    ``RAY_DDP_DASHBOARD=0`` leaves it out of a training run, for a machine without the
-    dashboard's packages (the lent GPU machine); ``dashboard=True`` (a sweep) keeps it."""
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray.
+
+    A local Ray for one run starts without its dashboard: nothing in a run reads it once
+    Ray Train's PlacementGroupCleaner is left out (``lean_trainer``), and it is a process
+    tree of its own that starts with Ray and takes CPU beside the workers.
+    ``dashboard=True`` (a sweep: Tune's trials clean up through its State API) or
+    ``RAY_DDP_DASHBOARD=1`` (to watch a local run at http://127.0.0.1:8265) keep it."""
     import ray
 
     if ray.is_initialized():
@@ -86,7 +95,7 @@ def connect(address: str | None, dashboard: bool = False) -> None:
         return
     for key, value in QUIET_LOCAL_RAY.items():
         os.environ.setdefault(key, value)  # the user's own setting wins
-    dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") != "0"
+    dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
     ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
 
 

@@ -22,6 +22,7 @@ from ray_ddp.rerun_guard import check_rerun, recorded_config, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
 from ray_ddp.storage import is_uri, join, upload_dir, uri_of, write_bytes
 from ray_ddp.task import Task
+from ray_ddp.timeline import mark
 from ray_ddp.transforms import augment_policy
 from ray_ddp.world_size import keep_global_batch, scaling_workers
 
@@ -92,6 +93,7 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
     trainer = build_trainer(cfg, prepared)
     from ray.train import TrainingFailedError
 
+    mark("trainer built")
     started = time.perf_counter()
     try:
         result = trainer.fit()
@@ -105,6 +107,7 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
             raise TrainingHung(hang[0]) from exc
         raise
     wall_s = time.perf_counter() - started
+    mark("fit returned")
     summary = build_summary(cfg, prepared.task, result, wall_s)
     if summary["best"]:
         best = summary["best"]["checkpoint"]
@@ -210,8 +213,9 @@ def build_trainer(
         RunConfig,
         ScalingConfig,
     )
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchConfig
 
+    from ray_ddp.lean_trainer import LeanTorchTrainer
     from ray_ddp.train_worker import loop_config as train_loop_config
     from ray_ddp.train_worker import train_loop_per_worker
 
@@ -223,7 +227,7 @@ def build_trainer(
         from ray_ddp.ray_data_engine import trainer_datasets
 
         ray_data = trainer_datasets(cfg)
-    return TorchTrainer(
+    return LeanTorchTrainer(
         loop or train_loop_per_worker,  # the evaluation job passes its own
         train_loop_config=loop_config,
         **ray_data,  # datasets and their split (--data-engine ray)

@@ -24,11 +24,41 @@ pytestmark = pytest.mark.ray
 BASE = dict(num_workers=2, train_samples=3000, val_samples=301, batch_size=64, epochs=3)
 
 
+# Ray actors by class, counted (dead ones too) before and after first_run.
+ACTORS: dict[str, dict[str, int]] = {}
+
+
+def _actor_classes() -> dict[str, int]:
+    from collections import Counter
+
+    from ray.util.state import list_actors
+
+    return dict(
+        Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
+    )
+
+
 @pytest.fixture(scope="module")
 def first_run(ray_session, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("runs"))
     cfg = TrainConfig(**BASE, storage_path=storage, name="first")
-    return cfg, run_training(cfg)
+    ACTORS["before"] = _actor_classes()
+    summary = run_training(cfg)
+    ACTORS["after"] = _actor_classes()
+    return cfg, summary
+
+
+def test_a_local_run_starts_only_the_actors_it_uses(first_run):
+    """Ray Train's DatasetManager (no Ray Data here) and PlacementGroupCleaner (the Ray
+    this process started ends with it) are left out: each is a process importing Ray
+    Train, seconds of CPU on 2 cores (ray_ddp/lean_trainer.py)."""
+    started = {
+        name: count - ACTORS["before"].get(name, 0)
+        for name, count in ACTORS["after"].items()
+        if count > ACTORS["before"].get(name, 0)
+    }
+    # The run's own actors: the controller, its synchronisation actor, two workers.
+    assert started == {"LocalTrainController": 1, "SynchronizationActor": 1, "RayTrainWorker": 2}
 
 
 def test_loss_falls_and_accuracy_rises(first_run):
