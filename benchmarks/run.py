@@ -49,6 +49,8 @@ class Case:
     baseline: str = "torchrun"
     group: str = "main"
     channels_last: bool = False  # ray_ddp only: NHWC; every other case is NCHW
+    compile: bool = False  # ray_ddp only: --compile
+    default: bool = True  # run without --only (compiling takes minutes on 2 cores)
 
 
 CASES = [
@@ -95,6 +97,18 @@ CASES = [
         "accum",
     ),
 ]
+CASES.append(
+    Case(
+        "ray_ddp_compile",
+        "ray_ddp: jobs/train.py --compile",
+        "ray_ddp",
+        2,
+        baseline="ray_ddp",
+        group="compile",
+        compile=True,
+        default=False,
+    )
+)
 BY_NAME = {c.name: c for c in CASES}
 
 
@@ -164,6 +178,7 @@ def command(case: Case, s: Settings, result: str, storage: str, run_name: str) -
         "--loader-workers", "0", "--comm-stats", "--no-export", "--no-tensorboard",
         # The same NCHW work as the other scripts, except in the case that shows NHWC.
         "--channels-last" if case.channels_last else "--no-channels-last",
+        *(["--compile"] if case.compile else []),
         "--storage-path", storage, "--name", run_name, "--summary-json", result,
     ]  # fmt: skip
 
@@ -363,6 +378,7 @@ def markdown(
         ("main", None),
         ("scaling", "scaling 1 → 2 workers"),
         ("accum", f"accumulation {ACCUM}"),
+        ("compile", "torch.compile (× the plain ray_ddp run)"),
     ):
         cases = [c for c in CASES if c.group == group and c.name in agg]
         if title and cases:
@@ -490,7 +506,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--val-samples", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--only", default=None, help=f"comma-separated cases: {', '.join(c.name for c in CASES)}"
+        "--only",
+        default=None,
+        help=f"comma-separated cases: {', '.join(c.name for c in CASES)} (all but "
+        "ray_ddp_compile by default)",
     )
     p.add_argument("--out", default=os.path.join(HERE, "results"), help="results folder")
     p.add_argument("--timeout", type=float, default=600, help="seconds per run")
@@ -513,7 +532,11 @@ def main(argv: list[str] | None = None) -> int:
     if steps < warmup + 5:
         print(f"error: --steps must be at least {warmup + 5} (warm-up {warmup})", file=sys.stderr)
         return 2
-    names = [n.strip() for n in args.only.split(",")] if args.only else [c.name for c in CASES]
+    names = (
+        [n.strip() for n in args.only.split(",")]
+        if args.only
+        else [c.name for c in CASES if c.default]
+    )
     unknown = [n for n in names if n not in BY_NAME]
     if unknown:
         print(f"error: unknown case(s) {', '.join(unknown)}", file=sys.stderr)

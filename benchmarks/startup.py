@@ -77,6 +77,7 @@ class ProcessWatch(threading.Thread):
         self.seen: dict[tuple[str, str], list[float]] = {}
         self.started: dict[str, float] = {}
         self.cpu: dict[str, float] = {}
+        self.history: dict[str, list[tuple[float, float]]] = {}
         self.titles: dict[str, str] = {}
         self.stop = threading.Event()
 
@@ -102,10 +103,14 @@ class ProcessWatch(threading.Thread):
         self.started[pid] = started
         # A process that has exited reads as a zombie: no command line, its final CPU.
         self.cpu[pid] = max(self.cpu.get(pid, 0.0), (int(fields[11]) + int(fields[12])) / TICKS)
+        self.history.setdefault(pid, []).append((now, self.cpu[pid]))
         if not cmdline.strip():
             return
         title = _title(cmdline)
-        self.titles[pid] = title
+        # A pooled worker keeps the name of the actor it became (a Train worker reads
+        # ``ray::execute`` while it runs a function for the controller).
+        if self.titles.get(pid, "ray::IDLE") in ("ray::IDLE", "python default_worker.py"):
+            self.titles[pid] = title
         span = self.seen.setdefault((pid, title), [now, now])
         span[1] = now
 
@@ -125,10 +130,21 @@ class ProcessWatch(threading.Thread):
                 events.append((max(s[1] for _, s in spans), "Ray: last Train worker gone"))
         return events
 
-    def cpu_by_title(self) -> dict[str, dict[str, float]]:
-        """CPU seconds and process count per title (a process under its last title)."""
+    def _cpu_at(self, pid: str, when: float) -> float:
+        """The CPU seconds process ``pid`` had used at ``when`` (its last sample before)."""
+        before = [cpu for t, cpu in self.history.get(pid, []) if t <= when]
+        return before[-1] if before else 0.0
+
+    def cpu_by_title(
+        self, start: float | None = None, end: float | None = None
+    ) -> dict[str, dict[str, float]]:
+        """CPU seconds and process count per title (a process under its last title), over
+        the whole run or from ``start`` to ``end``."""
         out: dict[str, dict[str, float]] = {}
-        for pid, cpu in self.cpu.items():
+        for pid, total in self.cpu.items():
+            cpu = total
+            if start is not None and end is not None:
+                cpu = self._cpu_at(pid, end) - self._cpu_at(pid, start)
             entry = out.setdefault(self.titles.get(pid, "?"), {"processes": 0, "cpu_s": 0.0})
             entry["processes"] += 1
             entry["cpu_s"] += cpu
@@ -169,9 +185,15 @@ def one_run(s: Settings, rep: int, work: str, extra_env: dict[str, str]) -> dict
     events.append((end, "driver: exited"))
     with open(result) as f:
         steady = (json.load(f).get("timing") or {}).get("steady_samples_per_s_per_worker")
+    when = {what: t for t, what in events}
+    first, ended = when["rank 0: first optimizer step"], when["rank 0: training ended, logs closed"]
     return {
         "stages": {what: t - launch for t, what in sorted(events)},
         "cpu": watch.cpu_by_title(),
+        # From the end of the first optimizer step to the end of training: the steady
+        # state (and the epoch's validation and checkpoint, a small part of it).
+        "cpu_training": watch.cpu_by_title(first, ended),
+        "training_s": ended - first,
         "samples_per_s": 2 * steady if steady else None,
     }
 
@@ -197,19 +219,24 @@ def timeline_table(runs: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def cpu_table(runs: list[dict[str, Any]]) -> list[str]:
-    titles = sorted({t for r in runs for t in r["cpu"]})
+def cpu_table(runs: list[dict[str, Any]], key: str = "cpu") -> list[str]:
+    """CPU seconds per process title; for ``cpu_training``, also as % of one core."""
+    titles = sorted({t for r in runs for t in r[key]})
+    share = key == "cpu_training"
     rows = []
     for title in titles:
-        cpu = [r["cpu"].get(title, {}).get("cpu_s", 0.0) for r in runs]
-        count = max(r["cpu"].get(title, {}).get("processes", 0) for r in runs)
-        rows.append((statistics.median(cpu), title, count, cpu))
-    total = [sum(e["cpu_s"] for e in r["cpu"].values()) for r in runs]
-    lines = ["| CPU s, median (min–max) | processes | process |", "|---:|---:|---|"]
-    for _, title, count, cpu in sorted(rows, reverse=True):
+        cpu = [r[key].get(title, {}).get("cpu_s", 0.0) for r in runs]
+        count = max(r[key].get(title, {}).get("processes", 0) for r in runs)
+        pct = [100 * c / r["training_s"] for c, r in zip(cpu, runs, strict=True)]
+        rows.append((statistics.median(cpu), title, count, cpu, pct))
+    total = [sum(e["cpu_s"] for e in r[key].values()) for r in runs]
+    head = "| CPU s, median (min–max) |" + (" % of a core |" if share else "")
+    lines = [f"{head} processes | process |", "|---:|" + ("---:|" if share else "") + "---:|---|"]
+    for _, title, count, cpu, pct in sorted(rows, reverse=True):
         if max(cpu) >= 0.05:
-            lines.append(f"| {median_range(cpu)} | {count} | `{title}` |")
-    lines.append(f"| {median_range(total)} | | **all the run's processes** |")
+            extra = f" {median_range(pct, 1)} |" if share else ""
+            lines.append(f"| {median_range(cpu)} |{extra} {count} | `{title}` |")
+    lines.append(f"| {median_range(total)} |" + (" |" if share else "") + " | **all** |")
     return lines
 
 
@@ -253,6 +280,12 @@ def main() -> None:
         "workers, the driver, DataLoader and compile workers), from launch to exit:",
         "",
         *cpu_table(runs),
+        "",
+        "The same from the end of the first optimizer step to the end of training (the "
+        f"steady state, {median_range([r['training_s'] for r in runs], 1)} s; its "
+        "validation and checkpoint included):",
+        "",
+        *cpu_table(runs, "cpu_training"),
     ]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -12,11 +12,12 @@ Modules, one job each (the driver's side first, then the workers', then the part
     flags          command-line flags generated from the config dataclasses
     config         TrainConfig and SweepConfig: every field, its flag, help and checks
     preflight      what can be refused without Ray (config, task, data, checkpoint)
-    model_probe    does a built-in classifier run on the data's images (meta device)
+    model_probe    does a built-in classifier run on the data's images (CPU or meta device)
     cluster        connect, size the request against the cluster, shared storage
     placement      workers counted whole onto nodes (and node types): what fits where
     autoscaling    the autoscaler's node types, and asking it for the workers' nodes
     trainer        fit(): the TorchTrainer for a run, its fit and its summary
+    lean_trainer   Ray Train trimmed for a local Ray (no unused helper actors)
     tune           Ray Tune sweeps; sweep_results: their table, CSV and plot
     evaluate_job   jobs/evaluate.py: a checkpoint evaluated by N workers
     rerun_guard    a re-run of a --name must be the same training
@@ -38,7 +39,7 @@ Modules, one job each (the driver's side first, then the workers', then the part
     loss_guard     stop on a non-finite loss, naming step and rank
     retry_policy   which failures a restart cannot cure (run in Ray Train's controller)
     comm_stats     counting gradient all-reduces
-    step_timing    steady-state step times
+    step_timing    steady-state step times; timeline: time stamps of a run's stages
     run_logs       metrics.csv, TensorBoard, curves.png; plots: figures as PNG
     reporting      what gets printed
     storage        local paths and URIs: atomic writes, reads, checkpoint listing

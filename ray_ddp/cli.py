@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate, validate_sweep
 from ray_ddp.flags import add_fields, first_problem, from_args
@@ -77,6 +79,25 @@ def exit_code(job: Callable[[], None], failed: tuple[type[Exception], ...] = ())
     return EXIT_OK
 
 
+def exit_process(code: int) -> NoReturn:
+    """End a job's process with ``code`` now that its work is done: Ray disconnected (a
+    Ray started here is stopped with it), logs and output flushed, then ``os._exit``.
+    Python's own teardown would spend about a second more freeing torch's and Ray's
+    modules (1.3 s measured on 2 cores) with nothing left to do."""
+    from ray_ddp.timeline import mark
+
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+            mark("Ray shut down")
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 # ----------------------------------------------------------------------------- train
 def train_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -113,10 +134,6 @@ def _train(argv: Sequence[str] | None) -> None:
     if cfg.summary_json:
         write_summary(summary, cfg.summary_json)
     mark("summary printed")
-    import ray
-
-    ray.shutdown()  # what exiting would do anyway, timed here
-    mark("Ray shut down")
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:

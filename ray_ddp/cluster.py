@@ -44,12 +44,11 @@ REQUEST_GRACE_S = 60.0
 # workers on the same cores: the background work that only clusters need is switched off.
 # Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
 # and the first step 2 s sooner (2 runs each). The dashboard is left out too (see connect),
-# and so are Ray Train's helper actors (lean_trainer). Ray Train's spot-preemption watcher
-# stays: it is a thread polling every 5 s, and switching it off takes a RAY_TRAIN_*
-# variable, which would give the workers a runtime environment of their own and so cost
-# them Ray's pre-started processes (lean_trainer).
+# and so are Ray Train's helper actors (lean_trainer, which also keeps these variables from
+# the workers' runtime environment).
 QUIET_LOCAL_RAY = {
-    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export (read here)
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
+    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
     "RAY_USAGE_STATS_ENABLED": "0",  # usage telemetry at start-up
 }
 

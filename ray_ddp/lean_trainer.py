@@ -2,7 +2,7 @@
 
 Every actor is a process of its own that imports Ray Train before it does anything; on a
 2-core machine each is seconds of CPU taken from the start of training (``python
-benchmarks/startup.py`` shows every process's CPU). Ray Train 2.60 starts three helper
+benchmarks/startup.py`` shows every process's CPU). Ray Train 2.60 starts four helper
 actors that a local run has no use for, and starts its workers the slow way:
 
 - ``DatasetManager`` (``DatasetsCallback``) serves Ray Data shards. Ray starts it even
@@ -20,11 +20,12 @@ actors that a local run has no use for, and starts its workers the slow way:
   none.
 - The workers and the controller: Ray reuses the idle worker processes it keeps (Python
   and Ray already imported; it pre-starts one per CPU) only for actors without a runtime
-  environment of their own. Ray Train gives its controller one, and its workers one as
-  soon as any ``RAY_TRAIN_*`` variable it propagates is set in the controller's
-  environment, and it sets such variables to configure the controller. Here the
-  controller is configured as it is made instead (:class:`LocalTrainController`), and
-  both get a runtime environment only for variables the user set.
+  environment of their own. Ray Train gives its controller one with every ``RAY_TRAIN_*``
+  variable of the driver's that it propagates, and its workers one with every such
+  variable in the controller's environment. Here the controller gets the two it is
+  configured by (its poll interval, the preemption watcher) as arguments, and removes
+  them from its environment once read: the workers get a runtime environment only for
+  other variables the user set (usually none).
 
 A cluster outlives the job, and a Tune trial runs in an actor of its own rather than in
 the process that started Ray: both get Ray Train as it is. Ray is pinned
@@ -82,29 +83,37 @@ class LocalFixedScalingPolicy(FixedScalingPolicy):
         pass
 
 
-class LocalTrainController(TrainController):
-    """Ray Train's controller, set up by variables it reads only as it is made: polling
-    its workers every ``LOCAL_POLL_S`` (a ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` of the
-    user's wins) and without the spot-preemption watcher (an actor of its own, and one
-    machine has no spot preemption). Ray Train would pass them in the environment, which
-    would then reach the workers' runtime environment as well (see the module's
-    docstring); here they are in this process's environment only while it is made."""
+# Ray Train reads these in its controller as the controller is made; set by ray_ddp for
+# a local run (below) and so kept out of the environment its workers would inherit.
+CONTROLLER_SETTINGS = (HEALTH_CHECK_INTERVAL_S_ENV_VAR, ENABLE_PREEMPTION_WATCHER_ENV_VAR)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+
+def local_controller_settings() -> dict[str, str]:
+    """The controller of a local run polls every ``LOCAL_POLL_S`` (a
+    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` of the user's wins) and has no spot-preemption
+    watcher (an actor of its own; one machine has no spot instances)."""
+    return {
+        HEALTH_CHECK_INTERVAL_S_ENV_VAR: os.environ.get(
+            HEALTH_CHECK_INTERVAL_S_ENV_VAR, str(LOCAL_POLL_S)
+        ),
+        ENABLE_PREEMPTION_WATCHER_ENV_VAR: "0",
+    }
+
+
+class LocalTrainController(TrainController):
+    """Ray Train's controller, given ``settings`` (:func:`local_controller_settings`) as
+    it is made instead of through its runtime environment: from there, and from this
+    process's environment, Ray Train would pass them on to the workers' runtime
+    environment (see the module's docstring)."""
+
+    def __init__(self, *args: Any, settings: dict[str, str], **kwargs: Any) -> None:
         # What RAY_WARN_BLOCKING_GET_INSIDE_ASYNC=0, which Ray Train sets for its
         # controller, does: no warning for its blocking ray.get calls.
         ray._private.worker.blocking_get_inside_async_warned = True
-        settings = {
-            HEALTH_CHECK_INTERVAL_S_ENV_VAR: str(LOCAL_POLL_S),
-            ENABLE_PREEMPTION_WATCHER_ENV_VAR: "0",
-        }
-        added = [key for key in settings if key not in os.environ]
-        os.environ.update({key: settings[key] for key in added})
-        try:
-            super().__init__(*args, **kwargs)
-        finally:
-            for key in added:
-                del os.environ[key]
+        os.environ.update(settings)
+        super().__init__(*args, **kwargs)
+        for key in CONTROLLER_SETTINGS:  # read; set or inherited, they go no further
+            os.environ.pop(key, None)
 
 
 class LeanTorchTrainer(TorchTrainer):
@@ -130,13 +139,21 @@ class LeanTorchTrainer(TorchTrainer):
                 policy.scaling_config
             )
         # As Ray Train 2.60 starts its controller (DataParallelTrainer's method of this
-        # name), with LocalTrainController and only the variables the user set.
+        # name), with LocalTrainController given its settings, and only the other
+        # variables Ray Train propagates in its runtime environment.
+        env_vars = {
+            key: value
+            for key, value in get_env_vars_to_propagate().items()
+            if key not in CONTROLLER_SETTINGS
+        }
         controller_actor_cls = ray.remote(
             num_cpus=0,
             label_selector={ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
-            runtime_env={"env_vars": get_env_vars_to_propagate()},
+            runtime_env={"env_vars": env_vars},
         )(LocalTrainController)
-        controller = controller_actor_cls.remote(**controller_init_kwargs)
+        controller = controller_actor_cls.remote(
+            settings=local_controller_settings(), **controller_init_kwargs
+        )
         if threading.current_thread() is threading.main_thread():
             self._register_sigint_handler(controller)
         ray.get(controller.run.remote())
