@@ -51,6 +51,7 @@ class Case:
     channels_last: bool = False  # ray_ddp only: NHWC; every other case is NCHW
     compile: bool = False  # ray_ddp only: --compile
     default: bool = True  # run without --only (compiling takes minutes on 2 cores)
+    env: tuple[tuple[str, str], ...] = ()  # ray_ddp only: more environment (an A/B)
 
 
 CASES = [
@@ -107,6 +108,16 @@ CASES.append(
         group="compile",
         compile=True,
         default=False,
+    )
+)
+CASES.append(
+    Case(
+        "ray_ddp_nice15",
+        "ray_ddp: jobs/train.py, Ray's default worker niceness (15)",
+        "ray_ddp",
+        2,
+        default=False,
+        env=(("RAY_worker_niceness", "15"),),
     )
 )
 BY_NAME = {c.name: c for c in CASES}
@@ -197,6 +208,7 @@ def environment(case: Case, s: Settings) -> dict[str, str]:
     env.pop("RAY_ADDRESS", None)
     if case.kind == "ray_ddp":
         env.update(s.ray_env)
+        env.update(dict(case.env))
     return env
 
 
