@@ -45,7 +45,10 @@ def test_a_hung_rank_is_found_dumped_and_the_run_recovers_exactly(straight_run, 
     stalled_at = os.path.getmtime(os.path.join(run_dir, "stalled-rank-1"))
     found_after = os.path.getmtime(os.path.join(folder, "detected")) - stalled_at
     print(f"hang found {found_after:.1f} s after rank 1 stopped")
-    assert HANG_TIMEOUT <= found_after <= HANG_TIMEOUT + SLACK_S
+    # The watchdog counts from rank 1's last progress (step 12 done), a moment before it
+    # writes the stall marker: detection may come that moment less than the timeout after
+    # the marker (0.999 ms short once in CI).
+    assert HANG_TIMEOUT - 0.25 <= found_after <= HANG_TIMEOUT + SLACK_S
 
     # Both ranks' stacks: rank 1 in the sleep, rank 0 in the gradient all-reduce.
     stuck, stuck_text = read_report(os.path.join(folder, "rank-1.txt"))
