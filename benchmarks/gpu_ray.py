@@ -55,10 +55,11 @@ def configs(args) -> list[tuple[str, bool]]:
 
 
 def run(cmd: list[str], log: str, env: dict | None = None, timeout: float = 900) -> int:
-    """A step in a subprocess, its output to ``log``; returns its exit code. Ray starts
-    without its dashboard: the GPU machine lacks the dashboard's packages."""
+    """A step in a subprocess, its output to ``log``; returns its exit code. The local Ray
+    of jobs/train.py starts without its dashboard, which the GPU machine lacks the
+    packages for (cluster.connect)."""
     started = time.perf_counter()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "RAY_DDP_DASHBOARD": "0", **(env or {})}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "w") as out:
         code = subprocess.call(
             cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, timeout=timeout, env=env
