@@ -23,7 +23,9 @@ Checks, each printed as a table row and asserted:
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import time
 
 import torch
@@ -43,6 +45,7 @@ from ray_ddp.optim import build_optimizer, build_scheduler  # noqa: E402
 from ray_ddp.precision import grad_scaler  # noqa: E402
 from ray_ddp.step_timing import StepTimer  # noqa: E402
 from ray_ddp.synthetic_data import make_synthetic  # noqa: E402
+from ray_ddp.testing.harness import Harness  # noqa: E402
 from ray_ddp.train_epoch import EpochTools, train_epoch  # noqa: E402
 from ray_ddp.train_state import EpochSums, TrainState  # noqa: E402
 
@@ -82,7 +85,6 @@ def run(
         num_workers=1,
         lr=3e-3,
         log_every_steps=5,
-        inject_nan_step=nan_at,
     )
     torch.manual_seed(0)
     model = build_model("small_cnn", (3, 16, 16), 10).to(device)
@@ -114,6 +116,7 @@ def run(
         StepTimer(),
         LossGuard(device, rank=0, check_every=cfg.log_every_steps),
         channels_last=channels_last,
+        harness=Harness(nan_step=nan_at),  # the NaN check: a loss poisoned at that step
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -139,9 +142,11 @@ def main(argv: list[str]) -> int:
     if not dry and not torch.cuda.is_available():
         print("gpu_path: no CUDA GPU here, skipped")
         return 0
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", "29517")
-    dist.init_process_group("gloo" if dry else "nccl", rank=0, world_size=1)
+    # One process: a file store, not a TCP port (two checks on one machine never collide).
+    store = tempfile.mkdtemp(prefix="gpu_path_")
+    dist.init_process_group(
+        "gloo" if dry else "nccl", init_method=f"file://{store}/store", rank=0, world_size=1
+    )
     if dry:
         device = torch.device("cpu")
         print(f"gpu_path --dry-run: CPU, torch {torch.__version__}, gloo")
@@ -189,6 +194,7 @@ def main(argv: list[str]) -> int:
             failures.append(f"NaN reported as: {exc}")
 
     dist.destroy_process_group()
+    shutil.rmtree(store, ignore_errors=True)
     print(f"first warm-up loss {first_loss:.4f}")
     for failure in failures:
         print(f"FAILED: {failure}")

@@ -35,6 +35,10 @@ from ray_ddp.timeline import mark
 
 DEFAULT_CPU_WORKERS = 2
 RESOURCE_POLL_S = 2.0
+FREE_POLL_S = 0.1
+"""How often the driver looks again while resources it fits in are held: usually by the
+placement group of a run that has just ended, released within a second (polling every
+2 s cost each run started right after another 1 s on average)."""
 PROGRESS_EVERY_S = 10.0  # a waiting driver's progress lines, not one per poll
 # A request for nodes outlives the wait by this much only if the driver dies (it is
 # withdrawn when the wait ends); by then the Train controller has made its own.
@@ -315,7 +319,7 @@ def wait_until_free(cfg: TrainConfig) -> None:
                 f"{workers_text(n)} x ({worker_text(bundle)}): {free} fit in what is free now on "
                 "the nodes (other jobs hold the rest); try again later"
             )
-        time.sleep(RESOURCE_POLL_S)
+        time.sleep(FREE_POLL_S)
 
 
 def _free_capacity(bundle: dict[str, float]) -> int:

@@ -37,6 +37,17 @@ IMAGE_TASK_FIELDS = (
 )  # fmt: skip
 
 
+# Fields of earlier versions that a saved config may still hold (a sweep's trials, a run's
+# record): testing aids, now ray_ddp.testing's Harness. Read and dropped.
+RETIRED_FIELDS = frozenset(
+    {
+        "inject_nan_step", "inject_nan_rank", "stall_step", "stall_rank", "stall_s",
+        "stall_exit", "stall_frozen", "slow_step_s", "slow_rank", "slow_start_s",
+        "slow_checkpoint_s", "hang_loader_sample", "sample_ledger",
+    }
+)  # fmt: skip
+
+
 class ConfigError(ValueError):
     """A configuration a person must fix. Its message is one actionable line."""
 
@@ -326,41 +337,6 @@ class TrainConfig:
     # --- set by the code, not by flags ---
     log_prefix: str = option("", resume_safe=True, cli=False)
     """A Tune trial's tag for its rank-0 lines (trials interleave in one output)."""
-    inject_nan_step: int | None = option(None, resume_safe=True, cli=False)
-    """Testing aid: turn rank ``inject_nan_rank``'s loss at this optimizer step into NaN."""
-    inject_nan_rank: int = option(0, resume_safe=True, cli=False)
-    """Testing aid: the rank whose loss ``inject_nan_step`` turns into NaN."""
-    stall_step: int | None = option(None, resume_safe=True, cli=False)
-    """Testing aid: rank ``stall_rank`` stops at this optimizer step, once per run: it
-    writes ``<run>/stalled-rank-<rank>`` (its step and pid) and sleeps ``stall_s`` seconds
-    (a node about to be lost, a hang)."""
-    stall_rank: int = option(0, resume_safe=True, cli=False)
-    """Testing aid: the rank ``stall_step`` stops."""
-    stall_s: float = option(3600.0, resume_safe=True, cli=False)
-    """Testing aid: how long ``stall_step`` sleeps."""
-    stall_exit: bool = option(False, resume_safe=True, cli=False)
-    """Testing aid: the ``stall_step`` rank dies there instead (``os._exit(1)``, as a
-    killed process: no exception, no clean-up), once per run."""
-    stall_frozen: bool = option(False, resume_safe=True, cli=False)
-    """Testing aid: the ``stall_step`` sleep holds Python's lock (a native call that never
-    returns): no thread of that process runs, its watchdog included."""
-    slow_step_s: float = option(0.0, resume_safe=True, cli=False)
-    """Testing aid: every optimizer step of rank ``slow_rank`` (None: of every rank) takes
-    this many seconds longer."""
-    slow_rank: int | None = option(None, resume_safe=True, cli=False)
-    """Testing aid: the rank ``slow_step_s`` slows (None: all)."""
-    slow_start_s: float = option(0.0, resume_safe=True, cli=False)
-    """Testing aid: every rank's first optimizer step of an attempt takes this many
-    seconds longer (a compile, a cold cache)."""
-    slow_checkpoint_s: float = option(0.0, resume_safe=True, cli=False)
-    """Testing aid: rank 0 takes this many seconds longer over every checkpoint."""
-    hang_loader_sample: int | None = option(None, resume_safe=True, cli=False)
-    """Testing aid: the DataLoader worker that loads this training sample sleeps
-    ``stall_s`` seconds, once per run (it writes ``<run>/stalled-loader``)."""
-    sample_ledger: bool = option(False, resume_safe=True, cli=False)
-    """Testing aid: rank 0 writes every epoch's trained samples, step by step and from
-    every rank, to ``<run>/ledger/epoch-<N>.csv`` (the epoch's part before a mid-epoch
-    checkpoint travels in the checkpoint)."""
 
     # ------------------------------------------------------------------ helpers
     def to_dict(self) -> dict[str, Any]:
@@ -369,6 +345,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
         known = {f.name for f in dataclasses.fields(cls)}
+        data = {k: v for k, v in data.items() if k not in RETIRED_FIELDS}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ConfigError(f"unknown config keys: {', '.join(unknown)}")
@@ -477,8 +454,6 @@ def ray_engine_problem(cfg: TrainConfig) -> str | None:
             "--train-samples/--val-samples take seeded subsets, which --data-engine ray does "
             "not make: write a smaller split, or use --data-engine torch"
         )
-    if cfg.sample_ledger:
-        return "the sample ledger needs sample indices, which --data-engine ray does not have"
     return None
 
 

@@ -182,7 +182,7 @@ def dump_silent_peer(stall: Stall, site: HangSite, rank: int) -> None:
 
 def innermost_frame(dump: str) -> str | None:
     """The innermost Python frame of a py-spy dump's training thread (Ray Train names it
-    ``TrainingThread``; else the first thread), e.g. ``stall (ray_ddp/fault_injection.py:53)``."""
+    ``TrainingThread``; else the first thread), e.g. ``stall (ray_ddp/testing/harness.py:112)``."""
     threads = _py_spy_threads(dump)
     for name, stack in threads:
         if "TrainingThread" in name:

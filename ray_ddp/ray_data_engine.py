@@ -631,4 +631,4 @@ def restart_epoch(cfg: TrainConfig, state: Any, worker: Any, steps_per_epoch: in
         f"Ray Data stream cannot resume inside an epoch); the LR schedule goes back to "
         f"step {progress.step}"
     )
-    return EpochSums(ledger=[] if cfg.sample_ledger else None)
+    return EpochSums()  # no sample ledger with this engine (the driver refuses one)

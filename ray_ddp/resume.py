@@ -80,6 +80,7 @@ def restore_training(
     worker: Worker,
     cfg: TrainConfig,
     steps_per_epoch: int,
+    ledger: bool = False,
 ) -> EpochSums:
     """Load optimizer, schedule, scaler and progress from ``restored`` (the weights are
     loaded before DDP wraps the model). Returns this rank's sums of the epoch's part
@@ -87,9 +88,10 @@ def restore_training(
     0, so the resumed epoch's loss is exact at any world size.
 
     What the flags say wins over what the checkpoint saved: the peak lr, weight decay and
-    momentum, the optimizer kind and the precision; the resume line names each change."""
+    momentum, the optimizer kind and the precision; the resume line names each change.
+    ``ledger``: a test's sample ledger is kept (``ray_ddp.testing``)."""
     if restored is None:
-        return EpochSums(ledger=[] if cfg.sample_ledger else None)
+        return EpochSums(ledger=[] if ledger else None)
     saved = restored.state
     notes = _restore_optimizer(saved, state, cfg)
     notes += _restore_scaler(saved, state)
@@ -102,8 +104,8 @@ def restore_training(
             f"the checkpoint's mid-epoch position is of an older version: epoch "
             f"{progress.epoch + 1} restarts from its first sample"
         )
-    sums = _partial_sums(saved, worker, cfg) if progress.sample else EpochSums()
-    if cfg.sample_ledger and sums.ledger is None:
+    sums = _partial_sums(saved, worker, ledger) if progress.sample else EpochSums()
+    if ledger and sums.ledger is None:
         sums.ledger = []
     notes += _world_size_change(saved, worker, cfg)
     saved_batch = saved_global_batch(saved)
@@ -136,14 +138,14 @@ def saved_global_batch(saved: dict[str, Any]) -> int:
     return int(config.get("batch_size", 0) * workers * config.get("accum_steps", 1))
 
 
-def _partial_sums(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> EpochSums:
+def _partial_sums(saved: dict[str, Any], worker: Worker, ledger: bool) -> EpochSums:
     """The epoch's sums before a mid-epoch checkpoint: every saved rank's, added up, on
     rank 0 (what is reported is the total over ranks)."""
     if not worker.is_main:
         return EpochSums()
     parts = saved.get("epoch_partial", [])
-    ledger = [tuple(row) for row in saved.get("ledger", [])] if cfg.sample_ledger else None
-    return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), ledger)
+    rows = [tuple(row) for row in saved.get("ledger", [])] if ledger else None
+    return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), rows)
 
 
 def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> list[str]:

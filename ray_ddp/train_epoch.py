@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ray_ddp import fault_injection as faults
 from ray_ddp import hang_watchdog as watch
 from ray_ddp import reporting
 from ray_ddp.bad_samples import BadSamplesError, SkipLog, take_skipped
@@ -32,6 +31,8 @@ from ray_ddp.precision import autocast
 from ray_ddp.seeding import seed_micro_batch
 from ray_ddp.step_timing import EpochTiming, StepTimer
 from ray_ddp.task import Task, map_tensors
+from ray_ddp.testing import harness as rig
+from ray_ddp.testing.harness import Harness
 from ray_ddp.train_state import EpochSums, TrainState
 
 if TYPE_CHECKING:
@@ -73,6 +74,10 @@ class EpochTools:
     skips: SkipLog = field(default_factory=SkipLog)
     """This rank's unreadable training samples of the current epoch (the caller starts a
     new one every epoch, with the run's cap)."""
+    harness: Harness = rig.NONE
+    """A test's faults (``ray_ddp.testing``); none outside ray_ddp's tests."""
+    run_dir: str = ""
+    """Where a stalled rank writes its marker (a test's stalls only)."""
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,7 @@ def train_epoch(
         watch.doing(COMPUTING, slow=first_step)
         micro_in_step += 1
         if slot.boundary:
-            faults.slow_down(cfg, guard.rank)  # part of the rank's own work, like a slow GPU
+            rig.slow_down(tools.harness, guard.rank)  # part of the rank's own work, like a slow GPU
         # Only the boundary micro-step all-reduces gradients; the others accumulate
         # locally under no_sync() (the guide's version all-reduced on every micro-step).
         sync_context = (
@@ -163,7 +168,7 @@ def train_epoch(
             seed_micro_batch(cfg.seed, progress.step + 1, slot.micro, device)
             with autocast(cfg.amp, device):
                 loss = task.loss(model, batch).float()
-            loss = faults.poison_loss(cfg, loss, progress.step + 1, guard.rank)
+            loss = rig.poison_loss(tools.harness, loss, progress.step + 1, guard.rank)
             where = f"epoch {plan.epoch + 1}, step {plan.first_step + slot.step + 1} of the epoch"
             guard.observe(loss, progress.step + 1, where)
             if slot.boundary:
@@ -184,9 +189,9 @@ def train_epoch(
                 ledger.extend((progress.step + 1, i) for i in slot.indices if i not in unread)
         if slot.boundary:
             watch.doing(OPTIMIZER_STEP, slow=first_step)
-            faults.stall(cfg, guard.rank, progress.step + 1)
+            rig.stall(tools.harness, tools.run_dir, guard.rank, progress.step + 1)
             if first_step:
-                faults.slow_start(cfg)
+                rig.slow_start(tools.harness)
             if cfg.grad_clip > 0:
                 state.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
                 torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

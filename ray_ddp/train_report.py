@@ -11,11 +11,12 @@ from typing import Any
 
 import ray.train
 
-from ray_ddp import fault_injection as faults
 from ray_ddp import reporting
 from ray_ddp.checkpoint import save_state
 from ray_ddp.collectives import all_gather
 from ray_ddp.config import TrainConfig
+from ray_ddp.testing import harness as rig
+from ray_ddp.testing.harness import Harness
 from ray_ddp.train_epoch import EpochPosition
 from ray_ddp.train_state import EpochSums, TrainState
 from ray_ddp.worker import Worker, peak_memory
@@ -32,6 +33,7 @@ def write_mid_epoch_checkpoint(
     position: EpochPosition,
     sums: EpochSums,
     score: tuple[str, str],
+    harness: Harness,
 ) -> None:
     """A checkpoint inside the epoch (``--checkpoint-every``): no validation. ``score`` is
     the (metric, mode) that ranks checkpoints."""
@@ -47,7 +49,7 @@ def write_mid_epoch_checkpoint(
         score[0]: UNSCORED if score[1] == "max" else -UNSCORED,
         "lr": state.lr,
     }
-    checkpoint_and_report(cfg, worker, state, meta, metrics, sums)
+    checkpoint_and_report(cfg, worker, state, meta, metrics, sums, harness)
     progress.sample = 0
     worker.log(
         f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, sample {position.sample})"
@@ -61,6 +63,7 @@ def checkpoint_and_report(
     meta: dict[str, Any],
     metrics: dict[str, Any],
     sums: EpochSums,
+    harness: Harness,
     samples_per_s: float = 0.0,
     timing: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
@@ -86,7 +89,7 @@ def checkpoint_and_report(
         ray.train.report(metrics)
         return per_rank
     directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
-    faults.slow_checkpoint(cfg)
+    rig.slow_checkpoint(harness)
     try:
         save_state(
             directory,

@@ -22,7 +22,6 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader
 
-from ray_ddp import fault_injection as faults
 from ray_ddp import hang_watchdog as watch
 from ray_ddp import reporting
 from ray_ddp.attempts import record_attempt
@@ -47,6 +46,8 @@ from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import EpochTiming, StepTimer
 from ray_ddp.task import Task, map_tensors
+from ray_ddp.testing import harness as rig
+from ray_ddp.testing.harness import Harness
 from ray_ddp.timeline import mark
 from ray_ddp.train_epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
 from ray_ddp.train_report import checkpoint_and_report, write_mid_epoch_checkpoint
@@ -108,22 +109,25 @@ class RunSoFar:
         }
 
 
-def loop_config(cfg: TrainConfig, task: Task, facts: dict[str, Any]) -> dict[str, Any]:
+def loop_config(
+    cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness = rig.NONE
+) -> dict[str, Any]:
     """What ``train_loop_per_worker`` gets: the config as plain values, the task object
-    (Ray pickles it to every worker) and the facts the driver found about its data."""
-    return {"config": cfg.to_dict(), "task": task, "facts": facts}
+    (Ray pickles it to every worker), the facts the driver found about its data, and a
+    test's harness (``ray_ddp.testing``; none outside ray_ddp's tests)."""
+    return {"config": cfg.to_dict(), "task": task, "facts": facts, "harness": harness}
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     cfg = TrainConfig.from_dict(config["config"])
-    task, facts = config["task"], config["facts"]
+    task, facts, harness = config["task"], config["facts"], config["harness"]
     worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
     me = f"rank {worker.rank}"
     mark("loop entered (process group up)", me)
     attempt = number_attempt(cfg, worker)  # first: whatever fails later is this attempt's
 
     # Build: the data (its size sets the schedule), then the model, identical on all ranks.
-    data = build_worker_data(cfg, worker, task, facts)
+    data = build_worker_data(cfg, worker, task, facts, harness)
     mark("data built", me)
     seed_initial_weights(cfg.seed)
     model = task.model(cfg, facts)
@@ -135,7 +139,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     # From here on a rank that stops making progress is found (--hang-timeout).
     watch.install(start_watchdog(cfg, worker, attempt))
     try:
-        return train_restored(cfg, worker, task, facts, data, model, meta, restored)
+        return train_restored(cfg, worker, task, facts, data, model, meta, restored, harness)
     finally:
         watch.install(None)
 
@@ -149,6 +153,7 @@ def train_restored(
     model: torch.nn.Module,
     meta: dict[str, Any],
     restored: Restored | None,
+    harness: Harness,
 ) -> dict[str, Any]:
     """Load ``restored`` (if any), wrap the model, then train, evaluate, checkpoint and
     report every epoch; returns the summary for the driver."""
@@ -158,7 +163,8 @@ def train_restored(
     channels_last = use_channels_last(cfg.channels_last, model, worker.device)
     model = wrap_model(model, channels_last, cfg.compile)
     state = build_train_state(cfg, worker, task, model, data)
-    partial = restore_training(restored, state, worker, cfg, data.steps_per_epoch)
+    ledger = harness.sample_ledger
+    partial = restore_training(restored, state, worker, cfg, data.steps_per_epoch, ledger)
     if cfg.data_engine == "ray":  # a Ray Data stream restarts an epoch it was inside
         from ray_ddp.ray_data_engine import restart_epoch
 
@@ -169,7 +175,7 @@ def train_restored(
     mark("model wrapped, state restored", me)
     ranks = rank_rows(worker)
     announce(cfg, worker, task, facts, data, ranks)
-    tools = epoch_tools(cfg, worker, task, channels_last)
+    tools = epoch_tools(cfg, worker, task, channels_last, harness)
     mark("rank table, logs", me)
     run = RunSoFar(flops=count_flops(cfg, worker, task, state.model, data))
     mark("FLOPs counted", me)
@@ -186,7 +192,7 @@ def train_restored(
             trained = train_one_epoch(cfg, worker, state, data, tools, partial, meta)
             if cfg.data_engine == "ray":  # rows Ray Data's tasks could not read (rank 0's)
                 tools.skips.rows += data.train_order.take_unreadable()
-            partial = fresh_sums(cfg)
+            partial = fresh_sums(ledger)
             evaluated = validate(cfg, worker, task, state, data)
             skips = count_unreadable(cfg, worker, tools, evaluated, data)  # may stop the run
             # A --max-steps stop inside the epoch is saved as that position, so a re-run
@@ -195,7 +201,7 @@ def train_restored(
             progress.epoch, progress.sample = (
                 (epoch + 1, 0) if finished else (epoch, trained.end_sample)
             )
-            if finished:
+            if finished and ledger:
                 write_ledger(cfg, worker, epoch, trained.ledger)
             metrics = epoch_metrics(task, state, trained, evaluated, epoch + 1)
             metrics.update(world_size=worker.world_size, accum_steps=data.accumulation)
@@ -206,11 +212,11 @@ def train_restored(
                 steps = max(1, progress.step - steps_before)
                 metrics["allreduces_per_step"] = (counter.syncs - syncs_before) / steps
             speed = trained.own_trained / trained.seconds
-            own = fresh_sums(cfg) if finished else trained.own
+            own = fresh_sums(ledger) if finished else trained.own
             timing = tools.timing.summary(trained.seconds)
             watch.doing("epoch end: checkpoint and report", slow=True)
             per_rank = checkpoint_and_report(
-                cfg, worker, state, meta, metrics, own, speed, timing
+                cfg, worker, state, meta, metrics, own, harness, speed, timing
             )  # fmt: skip
             log_epoch(cfg, worker, tools, metrics, per_rank, progress, data, ranks)
             watch.progress("epoch end")
@@ -227,7 +233,7 @@ def train_restored(
 
 # ---------------------------------------------------------------------------- build
 def build_worker_data(
-    cfg: TrainConfig, worker: Worker, task: Task, facts: dict[str, Any]
+    cfg: TrainConfig, worker: Worker, task: Task, facts: dict[str, Any], harness: Harness
 ) -> WorkerData:
     if cfg.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.ray_data_engine)
         from ray_ddp.ray_data_engine import worker_data
@@ -240,7 +246,7 @@ def build_worker_data(
             if is_distributed():
                 torch.distributed.barrier()
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
-    train_ds = faults.hang_loader(cfg, train_ds)
+    train_ds = rig.hang_loader(harness, cfg.run_dir, train_ds)
     train_loader, train_order, val_loader = make_loaders(
         cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
     )
@@ -295,7 +301,9 @@ def build_train_state(
     )
 
 
-def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: bool) -> EpochTools:
+def epoch_tools(
+    cfg: TrainConfig, worker: Worker, task: Task, channels_last: bool, harness: Harness
+) -> EpochTools:
     """The step timer, the loss guard, and on rank 0 the run logs and progress lines."""
     logs = None
     if worker.is_main:
@@ -308,6 +316,8 @@ def epoch_tools(cfg: TrainConfig, worker: Worker, task: Task, channels_last: boo
         logs=logs,
         show_progress=worker.is_main and cfg.progress_interval_s > 0,
         channels_last=channels_last,
+        harness=harness,
+        run_dir=cfg.run_dir,
     )
 
 
@@ -450,7 +460,7 @@ def train_one_epoch(
         score = (f"val_{tools.task.best_metric}", tools.task.best_mode)
         watch.doing("checkpoint inside the epoch", slow=True)
         settle(cfg.run_dir, tools.skips, worker.is_main)  # named before a crash can lose them
-        write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums, score)
+        write_mid_epoch_checkpoint(cfg, worker, state, meta, position, sums, score, tools.harness)
         watch.progress(f"checkpoint at step {state.progress.step}")
     seconds = time.perf_counter() - started
     watch.doing("epoch end: all-reduce of the epoch's sums", collective=True)
@@ -510,19 +520,17 @@ def better(task: Task, best: float | None, metrics: dict[str, Any]) -> float:
     return max(best, score) if task.best_mode == "max" else min(best, score)
 
 
-def fresh_sums(cfg: TrainConfig) -> EpochSums:
-    """Zero sums for a new epoch (with an empty ledger under ``--sample-ledger``)."""
-    return EpochSums(ledger=[] if cfg.sample_ledger else None)
+def fresh_sums(ledger: bool) -> EpochSums:
+    """Zero sums for a new epoch (with an empty ledger for the harness's sample ledger)."""
+    return EpochSums(ledger=[] if ledger else None)
 
 
 def write_ledger(
     cfg: TrainConfig, worker: Worker, epoch: int, ledger: list[tuple[int, int]] | None
 ) -> None:
-    """``--sample-ledger`` (a testing aid): every rank's ``(step, index)`` of the finished
-    epoch, gathered to rank 0 and written to ``<run>/ledger/epoch-<N>.csv`` (a redone
-    epoch's end overwrites it)."""
-    if not cfg.sample_ledger:
-        return
+    """The sample ledger (a test's, ``ray_ddp.testing``): every rank's ``(step, index)`` of
+    the finished epoch, gathered to rank 0 and written to ``<run>/ledger/epoch-<N>.csv`` (a
+    redone epoch's end overwrites it)."""
     rows = [row for part in all_gather(ledger or []) for row in part]
     if not worker.is_main:
         return

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ray_ddp.cluster import prepare_cluster_run, worker_resources
-from ray_ddp.config import BUILTIN_TASK, TrainConfig
+from ray_ddp.config import BUILTIN_TASK, ConfigError, TrainConfig
 from ray_ddp.hang_report import latest_hang
 from ray_ddp.hang_settings import nccl_env, process_group_timeout_s
 from ray_ddp.preflight import PreparedTask
@@ -22,6 +22,7 @@ from ray_ddp.rerun_guard import check_rerun, recorded_config, write_record
 from ray_ddp.retry_policy import stop_hopeless_retries
 from ray_ddp.storage import is_uri, join, upload_dir, uri_of, write_bytes
 from ray_ddp.task import Task
+from ray_ddp.testing.harness import NONE, Harness, from_env
 from ray_ddp.timeline import mark
 from ray_ddp.transforms import augment_policy
 from ray_ddp.world_size import keep_global_batch, scaling_workers
@@ -46,7 +47,13 @@ def default_name(cfg: TrainConfig, task: Task) -> str:
     return f"{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def fit(task: Task | str, config: TrainConfig | None = None, **fields: Any) -> dict[str, Any]:
+def fit(
+    task: Task | str,
+    config: TrainConfig | None = None,
+    *,
+    harness: Harness | None = None,
+    **fields: Any,
+) -> dict[str, Any]:
     """Train ``task`` (a Task object, or ``package.module:Name``) with ``config`` (default:
     ``TrainConfig()``) and any of its fields given as keywords; returns the summary that
     ``jobs/train.py`` prints. The same checks, training and checkpoints as the command
@@ -56,20 +63,28 @@ def fit(task: Task | str, config: TrainConfig | None = None, **fields: Any) -> d
         import ray_ddp
         summary = ray_ddp.fit(MyTask(), num_workers=4, epochs=10, name="my-run")
         model = ray_ddp.load_model(summary["best"]["checkpoint"])
-    """
+
+    ``harness`` is for ray_ddp's own tests (``ray_ddp.testing``): faults to inject."""
     from ray_ddp.task_check import as_task, spec_of
 
     cfg = dataclasses.replace(config or TrainConfig(), **fields)
     if isinstance(task, str):
-        return run_training(dataclasses.replace(cfg, task=task))
+        return run_training(dataclasses.replace(cfg, task=task), harness=harness)
     task = as_task(task, f"fit({type(task).__name__})")
-    return run_training(dataclasses.replace(cfg, task=spec_of(task)), task)
+    return run_training(dataclasses.replace(cfg, task=spec_of(task)), task, harness)
 
 
-def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
+def run_training(
+    cfg: TrainConfig, task: Task | None = None, harness: Harness | None = None
+) -> dict[str, Any]:
     """Validate, connect, fit ``task`` (default: the one ``cfg.task`` names). Returns the
     summary. Raises ConfigError on bad input and ray.train.TrainingFailedError when
-    training fails."""
+    training fails. ``harness``: a test's (default: ``RAY_DDP_HARNESS``'s, usually none)."""
+    harness = harness if harness is not None else from_env()
+    if harness.sample_ledger and cfg.data_engine == "ray":
+        raise ConfigError(
+            "the sample ledger needs sample indices, which --data-engine ray does not have"
+        )
     cfg, prepared = prepare_cluster_run(cfg, task=task)
     # Record what "auto" resolved to where it decides what is trained, so a re-run that
     # asks for something else explicitly is refused (None is not compared).
@@ -90,7 +105,7 @@ def run_training(cfg: TrainConfig, task: Task | None = None) -> dict[str, Any]:
     cfg = shared_resume_from(cfg, run_dir, alive_nodes())
     if cfg.elastic:
         quick_elastic_restarts()
-    trainer = build_trainer(cfg, prepared)
+    trainer = build_trainer(cfg, prepared, harness=harness)
     from ray.train import TrainingFailedError
 
     mark("trainer built")
@@ -202,6 +217,7 @@ def build_trainer(
     callbacks: list | None = None,
     loop: Any = None,
     loop_config: dict[str, Any] | None = None,
+    harness: Harness = NONE,
 ):
     """The TorchTrainer for a resolved config (named, absolute storage, workers known)
     and its checked task. Shared by single runs and Tune trials, so both run exactly the
@@ -221,7 +237,7 @@ def build_trainer(
 
     task = prepared.task
     if loop_config is None:
-        loop_config = train_loop_config(cfg, task, prepared.facts)
+        loop_config = train_loop_config(cfg, task, prepared.facts, harness)
     ray_data: dict[str, Any] = {}
     if cfg.data_engine == "ray" and loop is None:  # built when the workers start
         from ray_ddp.ray_data_engine import trainer_datasets

@@ -7,19 +7,20 @@ import threading
 from typing import Any
 
 from ray_ddp.config import TrainConfig
+from ray_ddp.testing.harness import Harness
 from ray_ddp.trainer import run_training
 
 
 class BackgroundRun:
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: TrainConfig, harness: Harness | None = None) -> None:
         self.summary: dict[str, Any] | None = None
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, args=(cfg,))
+        self.thread = threading.Thread(target=self._run, args=(cfg, harness))
         self.thread.start()
 
-    def _run(self, cfg: TrainConfig) -> None:
+    def _run(self, cfg: TrainConfig, harness: Harness | None) -> None:
         try:
-            self.summary = run_training(cfg)
+            self.summary = run_training(cfg, harness=harness)
         except BaseException as exc:  # noqa: BLE001 - surfaced by finish()
             self.error = exc
 

@@ -1,14 +1,23 @@
-"""Shared fixtures. One real local Ray instance for the whole test session.
+"""Shared fixtures and the tiers' rules. One real local Ray instance for the whole test
+session.
 
-Modules that need a cluster of their own (several simulated nodes, a token-auth head, a
-benchmark that starts its own Ray) are marked ``own_cluster`` and run after all the
-others, so the shared instance starts once and is stopped once, before them.
+The order (``pytest_collection_modifyitems``): the fast tier first (tests without the
+``ray`` marker: no Ray at all), then the tests on the shared Ray, then the modules that
+need a cluster of their own (several simulated nodes, a token-auth head, a benchmark that
+starts its own Ray), marked ``own_cluster``: the shared instance starts once and is
+stopped once, before them.
+
+The fast tier is a rule, not a convention (``_no_ray_without_the_marker``): Ray's
+temporary folder is one of this session's own (``RAY_TMPDIR``, inherited by every
+process a test starts), and a test without the ``ray`` marker that calls ``ray.init`` or
+leaves anything in that folder (a Ray started by a subprocess) fails, naming the marker.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import tempfile
 
 import pytest
 
@@ -29,16 +38,87 @@ os.environ.update(QUIET_LOCAL_RAY)
 os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
 
 
+# Every Ray this session starts, in the tests' own process or in one they start, keeps its
+# sessions here (a short path: Ray's socket paths must stay under 108 bytes). Empty while
+# the fast tier runs.
+_OWN_TMP = "RAY_TMPDIR" not in os.environ
+RAY_TMP = os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rdt-", dir="/tmp"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The folder made for this session goes with it (every Ray in it has stopped)."""
+    if _OWN_TMP:
+        import shutil
+
+        shutil.rmtree(RAY_TMP, ignore_errors=True)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests with their own Ray cluster last (a stable sort keeps the order otherwise)."""
-    items.sort(key=lambda item: item.get_closest_marker("own_cluster") is not None)
+    """The fast tier first, then the tests on the shared Ray, then those with a cluster
+    of their own (a stable sort keeps the order within each)."""
+
+    def tier(item: pytest.Item) -> int:
+        if item.get_closest_marker("own_cluster") is not None:
+            return 2
+        return 1 if item.get_closest_marker("ray") is not None else 0
+
+    items.sort(key=tier)
+
+
+def _ray_started() -> list[str]:
+    """What Ray left in this session's temporary folder (nothing until a Ray starts)."""
+    return sorted(os.listdir(RAY_TMP)) if os.path.isdir(RAY_TMP) else []
+
+
+@pytest.fixture(autouse=True)
+def _no_ray_without_the_marker(request: pytest.FixtureRequest):
+    """A test without the ``ray`` marker may not start Ray: ``ray.init`` raises in it, and
+    a Ray started by a process it ran (a job script) fails it once it returns."""
+    if request.node.get_closest_marker("ray") is not None:
+        yield
+        return
+    before = _ray_started()
+    if "ray" in sys.modules:  # imported by a module under test; else nothing can call it
+
+        def refuse(*args, **kwargs):
+            raise RuntimeError(
+                f"{request.node.nodeid} starts Ray without the `ray` marker: the fast tier "
+                "(pytest -m 'not ray') never starts Ray; mark it @pytest.mark.ray"
+            )
+
+        monkeypatch = request.getfixturevalue("monkeypatch")
+        monkeypatch.setattr(sys.modules["ray"], "init", refuse)
+    yield
+    started = [entry for entry in _ray_started() if entry not in before]
+    if started:
+        pytest.fail(
+            f"{request.node.nodeid} started Ray (it left {started} in RAY_TMPDIR={RAY_TMP}) "
+            "without the `ray` marker; mark it @pytest.mark.ray",
+            pytrace=False,
+        )
 
 
 @pytest.fixture(scope="session")
-def ray_session():
-    """A real local Ray with 2 CPUs, shared by every test that trains."""
+def s3():
+    """The session's S3-compatible server (``s3server``): its ``host:port``, with the
+    environment pointing at it until the session ends."""
+    pytest.importorskip("moto", reason="pip install -e '.[test]' (moto[server])")
+    import s3server
+
+    with s3server.serving() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="session")
+def ray_session(request: pytest.FixtureRequest):
+    """A real local Ray with 2 CPUs, shared by every test that trains. Started after the
+    S3 server (where moto is installed), so its workers read and write its buckets."""
+    import importlib.util
+
     import ray
 
+    if importlib.util.find_spec("moto") is not None:
+        request.getfixturevalue("s3")
     if not ray.is_initialized():
         ray.init(num_cpus=2, logging_level="WARNING")
     yield ray
@@ -47,10 +127,11 @@ def ray_session():
 
 @pytest.fixture(scope="session")
 def straight_run(ray_session, tmp_path_factory):
-    """The uninterrupted 2-worker run of ``ledgers.EXACT_RUN`` that the world-size tests
-    compare with. Session-wide, so the simulated cluster of test_elastic (which shuts the
-    shared Ray down) reuses it rather than training it again on its slower nodes."""
-    from ledgers import EXACT_RUN
+    """The uninterrupted 2-worker run of ``ledgers.EXACT_RUN`` that the exactness tests
+    (faults, hangs, other world sizes, lost nodes) compare with. Session-wide, so the
+    simulated cluster of test_nodes (which shuts the shared Ray down) reuses it rather
+    than training it again on its slower nodes."""
+    from ledgers import EXACT_RUN, LEDGER
 
     from ray_ddp.trainer import fit
 
@@ -60,6 +141,7 @@ def straight_run(ray_session, tmp_path_factory):
         num_workers=2,
         storage_path=storage,
         name="straight",
+        harness=LEDGER,
         **EXACT_RUN,
     )
 

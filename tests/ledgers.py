@@ -1,7 +1,7 @@
-"""What the exactness tests compare (test_world_size_resume, test_elastic): one run
-config, the sample ledger a run writes with the testing aid ``sample_ledger``, and final
-weights; the uninterrupted 2-worker run they compare with is the session fixture
-``straight_run`` (conftest.py).
+"""What the exactness tests compare (test_world_size_resume, test_nodes, test_hangs,
+test_reliability): one run config, the sample ledger a run writes when a test's harness
+asks for it (``LEDGER``), and final weights; the uninterrupted 2-worker run they compare
+with is the session fixture ``straight_run`` (conftest.py).
 
 Weight tolerance: two runs of one optimisation at different world sizes add the same
 numbers in different places. At 2 workers each rank back-propagates its micro-batch's
@@ -21,20 +21,36 @@ from collections import defaultdict
 
 import torch
 
-# 75 optimizer steps of 64 samples per epoch; a checkpoint every 10.
+from ray_ddp.testing.harness import Harness, Stall
+
+# 40 optimizer steps of 64 samples per epoch; a checkpoint every 10.
 EXACT_RUN = {
     "model": "small_cnn",
     "epochs": 2,
-    "train_samples": 4800,
+    "train_samples": 2560,
     "val_samples": 200,
     "batch_size": 32,
     "seed": 3,
     "checkpoint_every": 10,
-    "sample_ledger": True,
     "export": False,
     "tensorboard": False,
     "progress_interval_s": 0,
 }
+# EXACT_RUN as jobs/train.py's flags (progress lines aside, which change nothing trained).
+EXACT_FLAGS = [
+    "--model", "small_cnn", "--epochs", "2", "--train-samples", "2560", "--val-samples", "200",
+    "--batch-size", "32", "--seed", "3", "--checkpoint-every", "10", "--no-export",
+    "--no-tensorboard",
+]  # fmt: skip
+STEPS_PER_EPOCH = 40
+LEDGER = Harness(sample_ledger=True)
+
+
+def stalls(*events: tuple[int, int], ledger: bool = True, **more) -> Harness:
+    """A harness that stops rank ``r`` at optimizer step ``s`` for each ``(s, r)`` (once per
+    run, until the test ends it: it kills the process, or removes its node)."""
+    planned = tuple(Stall(step, rank=rank) for step, rank in events)
+    return Harness(stalls=planned, sample_ledger=ledger, **more)
 
 
 def ledger(run_dir: str) -> dict[int, dict[int, list[int]]]:

@@ -47,6 +47,16 @@ def test_round_trip_through_the_dict_ray_passes():
         TrainConfig.from_dict({**cfg.to_dict(), "bogus": 1})
 
 
+def test_testing_aids_are_no_config_and_old_configs_holding_them_still_load():
+    """Faults and ledgers are a test's (ray_ddp.testing.Harness): not fields, flags or saved
+    config. A config saved before (a sweep's trials, a run's record) still loads."""
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    aids = ("inject_nan", "stall", "slow_", "hang_loader", "ledger")
+    assert not [name for name in names if name.startswith(aids)]
+    old = {**TrainConfig(lr=0.1).to_dict(), "stall_step": 13, "sample_ledger": True}
+    assert TrainConfig.from_dict(old) == TrainConfig(lr=0.1)
+
+
 def test_warmup_then_cosine():
     total, warmup = 100, 10
     factors = [lr_factor(s, warmup, total, 0.01) for s in range(total + 5)]

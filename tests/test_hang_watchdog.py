@@ -197,13 +197,13 @@ def test_the_line_names_the_stuck_rank_the_waiting_ones_and_the_silent_one():
     reports = {
         0: _report(0, True, "graph.py:1 in _engine_run_backward", "training: backward",
                    "optimizer step 13"),
-        1: _report(1, False, "fault_injection.py:49 in stall", "training: optimizer step",
+        1: _report(1, False, "harness.py:112 in stall", "training: optimizer step",
                    "optimizer step 12"),
     }  # fmt: skip
     line = hang_line("runs/x/hangs/attempt-2", 2, reports, world_size=3)
     assert line == (
         "hang on attempt 2: no progress for 4 s (allowed 4 s). stuck: rank 1 in "
-        "fault_injection.py:49 in stall (training: optimizer step; after optimizer step 12). "
+        "harness.py:112 in stall (training: optimizer step; after optimizer step 12). "
         "waiting for them in a collective: rank 0 (training: backward; after optimizer step "
         "13). no report from rank 2. Stacks: runs/x/hangs/attempt-2"
     )
@@ -216,16 +216,16 @@ def test_the_line_names_the_stuck_rank_the_waiting_ones_and_the_silent_one():
 def test_a_stuck_loader_is_named_by_the_frame_its_worker_is_in():
     dump = """Process 42: ray::RayTrainWorker
 Thread 42 (idle): "MainThread"
-    HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)
+    HangOnSample.__getitem__ (ray_ddp/testing/harness.py:150)
     _MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:54)
     _worker_loop (torch/utils/data/_utils/worker.py:375)
 """
-    idle = dump.replace("    HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)\n", "")
+    idle = dump.replace("    HangOnSample.__getitem__ (ray_ddp/testing/harness.py:150)\n", "")
     idle = idle.replace("_MapDatasetFetcher.fetch (torch/utils/data/_utils/fetch.py:54)",
                         "Queue.get (multiprocessing/queues.py:113)")  # fmt: skip
-    assert loading_frame(dump) == "HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)"
+    assert loading_frame(dump) == "HangOnSample.__getitem__ (ray_ddp/testing/harness.py:150)"
     assert loading_frame(idle) is None
-    loading = "pid 42 in HangOnSample.__getitem__ (ray_ddp/fault_injection.py:90)"
+    loading = "pid 42 in HangOnSample.__getitem__ (ray_ddp/testing/harness.py:150)"
     report = _report(0, False, "selectors.py:415 in select",
                      "training: waiting for data from the loader", "optimizer step 7",
                      loading=loading)  # fmt: skip
@@ -252,37 +252,46 @@ def test_the_latest_attempts_hang_is_read_back_and_an_older_one_is_not(tmp_path)
     assert latest_hang(run_dir) is None, "attempt 2 did not hang"
 
 
-def _rank_in_all_reduce(rank: int, port: int, out) -> None:
+def _rank_in_all_reduce(rank: int, store: str, out, gate) -> None:
+    import sys
+
     import torch
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
     if rank == 1:
-        time.sleep(4)  # rank 0 waits for it
+        gate.wait(60)  # rank 0 waits for it in the all-reduce until the test has looked
     else:
         main = threading.get_ident()
 
         def look() -> None:
-            time.sleep(1.5)
-            out.put(hang_dump.collective_call(__import__("sys")._current_frames()[main]))
+            # What the watchdog's dump would see while rank 0 waits: its first sight of a
+            # collective (None until the main thread is inside the all-reduce).
+            deadline = time.monotonic() + 30
+            seen = None
+            while seen is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                seen = hang_dump.collective_call(sys._current_frames()[main])
+            out.put(seen)
 
         threading.Thread(target=look).start()
     dist.all_reduce(torch.ones(1))
     dist.destroy_process_group()
 
 
-def test_a_stack_waiting_in_a_torch_distributed_call_is_seen_as_in_a_collective():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def test_a_stack_waiting_in_a_torch_distributed_call_is_seen_as_in_a_collective(tmp_path):
     context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_rank_in_all_reduce, args=(r, port, out)) for r in (0, 1)]
+    out, gate = context.Queue(), context.Event()
+    store = str(tmp_path / "store")  # a file store: no port to race for
+    ranks = [
+        context.Process(target=_rank_in_all_reduce, args=(r, store, out, gate)) for r in (0, 1)
+    ]
     for process in ranks:
         process.start()
     try:
         assert out.get(timeout=60) == "torch.distributed.all_reduce"
     finally:
+        gate.set()
         for process in ranks:
             process.join(timeout=30)
     assert [p.exitcode for p in ranks] == [0, 0]

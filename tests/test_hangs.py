@@ -10,10 +10,11 @@ import os
 import time
 
 import pytest
-from ledgers import EXACT_RUN, assert_same_weights
+from ledgers import EXACT_RUN, assert_same_weights, stalls
 
 from ray_ddp.checkpoint import load_state
 from ray_ddp.hang_report import parse_header
+from ray_ddp.testing.harness import Harness, Stall
 from ray_ddp.trainer import TrainingHung, fit
 
 pytestmark = pytest.mark.ray
@@ -35,14 +36,14 @@ def test_a_hung_rank_is_found_dumped_and_the_run_recovers_exactly(straight_run, 
     storage = str(tmp_path)
     summary = fit(
         TASK, num_workers=2, storage_path=storage, name="hung", max_failures=1,
-        stall_step=13, stall_rank=1, hang_timeout=HANG_TIMEOUT, hang_grace=30, **EXACT_RUN,
+        hang_timeout=HANG_TIMEOUT, hang_grace=30, harness=stalls((13, 1)), **EXACT_RUN,
     )  # fmt: skip
     out = capsys.readouterr().out
     run_dir = os.path.join(storage, "hung")
     folder = os.path.join(run_dir, "hangs", "attempt-1")
 
     # Found within the timeout and a bounded slack of the moment rank 1 stopped.
-    stalled_at = os.path.getmtime(os.path.join(run_dir, "stalled-rank-1"))
+    stalled_at = os.path.getmtime(os.path.join(run_dir, "stalled-step-13-rank-1"))
     found_after = os.path.getmtime(os.path.join(folder, "detected")) - stalled_at
     print(f"hang found {found_after:.1f} s after rank 1 stopped")
     # The watchdog counts from rank 1's last progress (step 12 done), a moment before it
@@ -53,8 +54,8 @@ def test_a_hung_rank_is_found_dumped_and_the_run_recovers_exactly(straight_run, 
     # Both ranks' stacks: rank 1 in the sleep, rank 0 in the gradient all-reduce.
     stuck, stuck_text = read_report(os.path.join(folder, "rank-1.txt"))
     waiting, waiting_text = read_report(os.path.join(folder, "rank-0.txt"))
-    assert stuck["collective"] == "no" and stuck["where"].startswith("fault_injection.py")
-    assert "time.sleep(cfg.stall_s)" in stuck_text  # its Python stack
+    assert stuck["collective"] == "no" and stuck["where"].startswith("harness.py")
+    assert "time.sleep(planned.seconds)" in stuck_text  # its Python stack
     assert "clock_nanosleep" in stuck_text or "py-spy failed" not in stuck_text  # native
     assert stuck["last_progress"] == "optimizer step 12"
     assert waiting["collective"] == "yes" and "gradient all-reduce" in waiting["phase"]
@@ -62,7 +63,7 @@ def test_a_hung_rank_is_found_dumped_and_the_run_recovers_exactly(straight_run, 
     assert "_engine_run_backward" in waiting_text
 
     # The driver's line, from Ray Train's controller; the restart from step 10.
-    assert "hang on attempt 1: " in out and "stuck: rank 1 in fault_injection.py" in out
+    assert "hang on attempt 1: " in out and "stuck: rank 1 in harness.py" in out
     with open(os.path.join(run_dir, "attempts.csv")) as file:
         attempts = list(csv.DictReader(file))
     assert [(a["attempt"], a["world_size"]) for a in attempts] == [("1", "2"), ("2", "2")]
@@ -81,7 +82,8 @@ def test_a_hung_dataloader_worker_is_found_and_ends_the_run_with_one_line(ray_se
     with pytest.raises(TrainingHung) as raised:
         fit(
             TASK, num_workers=2, storage_path=storage, name="loader", loader_workers=1,
-            hang_loader_sample=700, hang_timeout=3, hang_grace=30, **dict(EXACT_RUN, epochs=1),
+            hang_timeout=3, hang_grace=30, harness=Harness(hang_loader_sample=700),
+            **dict(EXACT_RUN, epochs=1),
         )  # fmt: skip
     line = str(raised.value)
     print(line)
@@ -93,7 +95,7 @@ def test_a_hung_dataloader_worker_is_found_and_ends_the_run_with_one_line(ray_se
         read_report(os.path.join(run_dir, "hangs", "attempt-1", f"rank-{r}.txt")) for r in (0, 1)
     ]
     stuck = [header for header, _ in reports if header["collective"] == "no"]
-    assert len(stuck) == 1 and "fault_injection.py" in stuck[0]["loading"]
+    assert len(stuck) == 1 and "harness.py" in stuck[0]["loading"]
     # The hung loader worker did not outlive its rank.
     with open(os.path.join(run_dir, "stalled-loader")) as file:
         loader_pid = int(file.read())
@@ -109,13 +111,13 @@ def test_a_rank_frozen_holding_pythons_lock_is_dumped_by_its_peer(ray_session, t
     storage = str(tmp_path)
     with pytest.raises(TrainingHung) as raised:
         fit(
-            TASK, num_workers=2, storage_path=storage, name="frozen", stall_step=5,
-            stall_rank=1, stall_frozen=True, stall_s=120, hang_timeout=3, hang_grace=30,
+            TASK, num_workers=2, storage_path=storage, name="frozen", hang_timeout=3,
+            hang_grace=30, harness=Harness(stalls=(Stall(5, rank=1, frozen=True, seconds=120),)),
             **dict(EXACT_RUN, train_samples=640, epochs=1, checkpoint_every=None),
         )  # fmt: skip
     line = str(raised.value)
     print(line)
-    assert "stuck: rank 1 in stall (ray_ddp/fault_injection.py:" in line
+    assert "stuck: rank 1 in stall (ray_ddp/testing/harness.py:" in line
     assert "waiting for them in a collective: rank 0" in line
     folder = os.path.join(storage, "frozen", "hangs", "attempt-1")
     frozen, text = read_report(os.path.join(folder, "rank-1.txt"))
@@ -133,13 +135,14 @@ def _alive(pid: int) -> bool:
 
 
 def test_a_straggler_is_named_and_slow_starts_and_checkpoints_are_no_hang(ray_session, tmp_path):
-    """Steps allowed 1.5 s; the first step takes 2.5 s more on every rank and every
-    checkpoint 2.5 s more on rank 0 (both inside the 10 s grace); rank 1 is 30 ms slower
-    every step than rank 0 (a few ms)."""
+    """Steps allowed 1.5 s; the first step takes 2 s more on every rank and every
+    checkpoint 2 s more on rank 0 (both past the steady allowance, inside the 10 s grace);
+    rank 1 is 30 ms slower every step than rank 0 (a few ms)."""
     storage = str(tmp_path)
     summary = fit(
         TASK, num_workers=2, storage_path=storage, name="uneven", hang_timeout=1.5,
-        hang_grace=10, slow_start_s=2.5, slow_checkpoint_s=2.5, slow_rank=1, slow_step_s=0.03,
+        hang_grace=10,
+        harness=Harness(slow_start_s=2.0, slow_checkpoint_s=2.0, slow_rank=1, slow_step_s=0.03),
         **dict(EXACT_RUN, train_samples=1280, epochs=1),
     )  # fmt: skip
     run_dir = os.path.join(storage, "uneven")

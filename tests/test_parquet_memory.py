@@ -44,9 +44,13 @@ BATCH_SIZE = 32
 # (README, "Data larger than memory": M = W = 1, B = 128, g = 32), 20 x 6.3 MB = 126 MB,
 # plus the DataLoader's prefetch; measured: about +160 MB over the imports, all included.
 
-pytestmark = pytest.mark.skipif(
-    not os.path.exists("/proc/self/status"), reason="reads /proc/self/status (Linux)"
-)
+pytestmark = [
+    # The slow tier: no Ray, but two whole epochs over ~450 MB of images in processes.
+    pytest.mark.ray,
+    pytest.mark.skipif(
+        not os.path.exists("/proc/self/status"), reason="reads /proc/self/status (Linux)"
+    ),
+]
 
 CHILD = r"""
 import json, resource, sys, time, traceback
@@ -62,6 +66,7 @@ ray.train.torch.prepare_data_loader = lambda loader, **options: loader
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.image_classification import ImageClassification
+from ray_ddp.testing.harness import NONE
 from ray_ddp.train_worker import build_worker_data
 from ray_ddp.worker import Worker
 
@@ -75,7 +80,7 @@ def status_mb(field):
 
 def train_epoch(cfg, task, facts, batches=None):
     # As train_loop_per_worker does: the worker's data, then the epoch from its start.
-    data = build_worker_data(cfg, Worker(0, 0, 1, torch.device("cpu")), task, facts)
+    data = build_worker_data(cfg, Worker(0, 0, 1, torch.device("cpu")), task, facts, NONE)
     data.train_order.set_position(0, 0)
     rows = count = peak = 0
     for inputs, labels in data.train_loader:

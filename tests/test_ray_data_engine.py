@@ -89,7 +89,6 @@ def ray_cfg(data_dir: str, **fields) -> TrainConfig:
         ({"checkpoint_every": 5}, "--checkpoint-every"),
         ({"min_workers": 1}, "fixed number of workers"),
         ({"train_samples": 100}, "--train-samples/--val-samples"),
-        ({"sample_ledger": True}, "sample ledger"),
         ({"dataset": "cifar10"}, "Parquet or ImageFolder"),
     ],
 )
@@ -97,6 +96,14 @@ def test_what_the_ray_engine_cannot_do_is_refused_before_any_cluster_work(tmp_pa
     with pytest.raises(ConfigError, match=words):
         validate(ray_cfg(str(tmp_path), **fields))
     validate(ray_cfg(str(tmp_path)))  # the same run without it is fine
+
+
+def test_a_tests_sample_ledger_is_refused_before_any_cluster_work(tmp_path):
+    from ray_ddp.testing.harness import Harness
+    from ray_ddp.trainer import run_training
+
+    with pytest.raises(ConfigError, match="sample ledger needs sample indices"):
+        run_training(ray_cfg(str(tmp_path)), harness=Harness(sample_ledger=True))
 
 
 def test_workers_must_leave_cpus_for_ray_data():

@@ -1,11 +1,12 @@
 """Runs on S3-compatible object storage, against a real S3 server on 127.0.0.1 (moto's
-standalone server, started here; dummy credentials, nothing leaves the machine).
+standalone server, one for the session: ``conftest.s3``; dummy credentials, nothing
+leaves the machine).
 
 The fast tests use the storage helpers, the run logs, the run record and the sweep's
-refusal directly. The Ray tests train on ``s3://`` with a local Ray of their own, started
+refusal directly. The Ray tests train on ``s3://`` on the shared Ray, which is started
 after the environment points at the server (Ray's workers inherit the environment of the
 process that starts Ray): a run, its restart under the same name, ``--resume-from`` a
-checkpoint URI, ``jobs/evaluate.py`` on one.
+checkpoint URI, ``jobs/evaluate.py`` on one, a sweep, streamed Parquet shards.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-import logging
 import os
 
 import pytest
+import s3server
 import torch
 
 from ray_ddp import storage
@@ -24,38 +25,9 @@ from ray_ddp.checkpoint import CheckpointError
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.run_logs import METRICS_CSV, RunLogs, read_metrics
 
-BUCKET = "bucket"
+BUCKET = s3server.BUCKET  # on the session's S3 server (conftest.s3)
 # Small: ~10 s of training per run on 2 cores.
 BASE = dict(num_workers=2, train_samples=1000, val_samples=101, batch_size=64, epochs=2)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    """A moto S3 server on a free port of 127.0.0.1 with one bucket; the environment set
-    as for any S3-compatible endpoint (AWS_ENDPOINT_URL, credentials, region). Yields the
-    endpoint ``host:port``."""
-    pytest.importorskip("moto", reason="pip install -e '.[test]' (moto[server])")
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"{host}:{port}"
-    with pytest.MonkeyPatch.context() as env:
-        for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_CONFIG_FILE"):
-            env.delenv(key, raising=False)
-        env.setenv("AWS_ACCESS_KEY_ID", "testing")
-        env.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        env.setenv("AWS_DEFAULT_REGION", "us-east-1")
-        env.setenv("AWS_REGION", "us-east-1")
-        env.setenv("AWS_EC2_METADATA_DISABLED", "true")
-        env.setenv("AWS_SHARED_CREDENTIALS_FILE", os.devnull)
-        env.setenv("AWS_ENDPOINT_URL", f"http://{endpoint}")
-        fs, _ = storage.filesystem(f"s3://{BUCKET}?allow_bucket_creation=true")
-        fs.create_dir(BUCKET)
-        yield endpoint
-    server.stop()
 
 
 def _keys(uri: str) -> list[str]:
@@ -262,20 +234,7 @@ def test_fp16_is_not_refused_in_a_submitted_job(monkeypatch):
 
 # ------------------------------------------------------------------ real Ray
 @pytest.fixture(scope="module")
-def s3_ray(s3, no_shared_ray):
-    """A local Ray of this module's own, started after the environment points at the
-    S3 server (its workers inherit it)."""
-    import ray
-
-    ray.init(num_cpus=2, logging_level="WARNING")
-    try:
-        yield s3
-    finally:
-        ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def s3_runs(s3_ray):
+def s3_runs(s3, ray_session):
     """A 2-epoch run on s3://, then the same --name again with 3 epochs: a restart after
     the driver was killed (the same path a --max-failures restart takes to its logs)."""
     from ray_ddp.trainer import run_training
@@ -287,7 +246,6 @@ def s3_runs(s3_ray):
 
 
 @pytest.mark.ray
-@pytest.mark.own_cluster
 def test_a_run_on_s3_writes_everything_and_a_restart_keeps_the_history(s3_runs):
     cfg, first, second = s3_runs
     run_dir = f"s3://{BUCKET}/runs/s3run"
@@ -311,10 +269,12 @@ def test_a_run_on_s3_writes_everything_and_a_restart_keeps_the_history(s3_runs):
 
 
 @pytest.mark.ray
-@pytest.mark.own_cluster
-def test_resume_from_a_checkpoint_uri_into_a_new_name(s3, s3_runs, monkeypatch):
-    """Into a storage path that names its endpoint in the URI itself (as for MinIO or R2
-    without AWS_ENDPOINT_URL): every path keeps those options, workers' logs included."""
+def test_resume_from_a_checkpoint_uri_into_a_new_name_with_new_flags(s3, s3_runs, monkeypatch):
+    """Fine-tuning from a 2-worker checkpoint (a URI) on 1 worker with another lr and weight
+    decay, into a storage path that names its endpoint in the URI itself (as for MinIO or
+    R2 without AWS_ENDPOINT_URL): the flags' values are used (not the checkpoint's), the
+    schedule continues at 3 of 4 epochs at this world size, so it ends at its floor with
+    epoch 4, and every path keeps the URI's options, workers' logs included."""
     from ray_ddp.checkpoint import load_model, load_state
     from ray_ddp.trainer import run_training
 
@@ -323,21 +283,24 @@ def test_resume_from_a_checkpoint_uri_into_a_new_name(s3, s3_runs, monkeypatch):
     summary = run_training(
         dataclasses.replace(
             cfg, storage_path=f"s3://{BUCKET}/runs{options}", name="branch", epochs=4,
-            resume_from=second["latest_checkpoint"], export=False,
+            resume_from=second["latest_checkpoint"], export=False, num_workers=1, lr=1e-4,
+            weight_decay=0.05,
         )
     )  # fmt: skip
     assert [m["epoch"] for m in summary["history"]] == [4]
     assert summary["run_dir"] == f"s3://{BUCKET}/runs/branch{options}"
+    assert summary["history"][-1]["lr"] == pytest.approx(1e-4 * cfg.min_lr_ratio)
     rows = read_metrics(storage.join(summary["run_dir"], METRICS_CSV))
     assert [r["epoch"] for r in rows] == [4]  # the workers' logs reached that URI too
     with storage.local_copy(summary["latest_checkpoint"]) as local:
-        assert load_state(local)["progress"]["epoch"] == 4
+        state = load_state(local)
+    assert state["progress"]["epoch"] == 4 and state["world_size"] == 1
+    assert state["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
     monkeypatch.delenv("AWS_ENDPOINT_URL")  # the URI's options alone find the server
     assert isinstance(load_model(summary["latest_checkpoint"]), torch.nn.Module)
 
 
 @pytest.mark.ray
-@pytest.mark.own_cluster
 def test_evaluate_a_checkpoint_uri(s3_runs, capsys):
     """jobs/evaluate.py s3://.../checkpoint_...: the run's own figures; results to S3."""
     from ray_ddp.cli import evaluate_main
@@ -356,29 +319,46 @@ def test_evaluate_a_checkpoint_uri(s3_runs, capsys):
 
 
 @pytest.mark.ray
-@pytest.mark.own_cluster
-def test_a_sweep_on_s3_writes_its_results_and_its_name_is_then_taken(s3_ray, capsys):
-    """One tiny trial: Tune's state, the trial's checkpoints, results.csv and sweep.png
+def test_a_sweep_of_the_tabular_example_on_s3_ranks_by_mae_and_its_name_is_then_taken(
+    s3, ray_session, capsys, tmp_path
+):
+    """Two trials of the worked example ``examples.tabular_regression`` at once (1 worker
+    x 0.9 CPU + 0.1 for each trial's driver on 2 CPUs), ranked by validation MAE (the
+    task's best_metric); Tune's state, the trials' checkpoints, results.csv and sweep.png
     land on S3 and the best checkpoint is a full URI; the same --name again is refused."""
+    from examples.make_tabular_data import write_friedman
+    from examples.tabular_regression import TabularMLP
+    from ray_ddp.checkpoint import load_model
     from ray_ddp.cli import tune_main
 
+    data = str(tmp_path / "friedman")
+    write_friedman(data, train_rows=4000, val_rows=1000, noise=1.0, seed=0)
     argv = [
-        "--storage-path", f"s3://{BUCKET}/sweeps", "--name", "tiny", "--num-samples", "1",
-        "--epochs", "1", "--train-samples", "200", "--val-samples", "50",
-        "--batch-sizes", "32", "--num-workers", "2", "--cpus-per-worker", "0.9",
-        "--summary-json", f"s3://{BUCKET}/sweeps/tiny.json",
+        "--task", "examples.tabular_regression:TabularRegression", "--data-dir", data,
+        "--storage-path", f"s3://{BUCKET}/sweeps", "--name", "tabular", "--num-samples", "2",
+        "--lr-min", "1e-3", "--lr-max", "3e-2", "--batch-sizes", "32,64", "--no-early-stop",
+        "--epochs", "2", "--seed", "0", "--num-workers", "1", "--cpus-per-worker", "0.9",
+        "--no-tensorboard", "--summary-json", f"s3://{BUCKET}/sweeps/tabular.json",
     ]  # fmt: skip
     assert tune_main(argv) == 0, capsys.readouterr().err
-    sweep_dir = f"s3://{BUCKET}/sweeps/tiny"
+    sweep_dir = f"s3://{BUCKET}/sweeps/tabular"
     keys = _keys(sweep_dir)
     assert {"results.csv", "sweep.png"} <= set(keys)
     assert any(k.startswith("experiment_state") for k in keys), keys  # Tune's own state
-    summary = json.loads(storage.read_text(f"s3://{BUCKET}/sweeps/tiny.json"))
-    assert summary["sweep_dir"] == sweep_dir
+    summary = json.loads(storage.read_text(f"s3://{BUCKET}/sweeps/tabular.json"))
+    assert summary["sweep_dir"] == sweep_dir and summary["concurrency"] == 2
+    trials = summary["trials"]
+    assert len(trials) == 2 and all(t["status"] == "finished" for t in trials), trials
+    for t in trials:
+        assert t["metric"] == "val_mae" and t["epochs_run"] == 2
+        assert 0.7 < t["best_value"] < 3.0, t  # the noise floor: 0.80; the mean: ~4.2
+        assert t["best_value"] == min(mae for _, mae in t["curve"])
+    assert summary["best"]["best_value"] == min(t["best_value"] for t in trials)
     best = summary["best"]["best_checkpoint"]
     assert best.startswith(f"{sweep_dir}/train/") and "/checkpoint_" in best, best
     assert storage.exists(storage.join(best, "state.pt"))
     assert best in storage.read_text(storage.join(sweep_dir, "results.csv"))
+    assert isinstance(load_model(best), TabularMLP)
     capsys.readouterr()
 
     assert tune_main(argv) == 2
@@ -394,7 +374,7 @@ def test_a_sweep_on_s3_writes_its_results_and_its_name_is_then_taken(s3_ray, cap
 # checkpoint every 5; the shuffle buffer spans a few groups.
 STREAMED = dict(
     num_workers=2, dataset="parquet", epochs=2, batch_size=32, image_size=8, model="small_cnn",
-    seed=3, checkpoint_every=5, shuffle_buffer=96, sample_ledger=True, export=False,
+    seed=3, checkpoint_every=5, shuffle_buffer=96, export=False,
     tensorboard=False, progress_interval_s=0,
 )  # fmt: skip
 
@@ -411,25 +391,24 @@ def s3_shards(s3, tmp_path_factory):
 
 
 @pytest.mark.ray
-@pytest.mark.own_cluster
 def test_streamed_shards_on_s3_every_row_once_and_a_killed_run_resumes_to_the_bit(
-    s3_ray, s3_shards, tmp_path
+    s3, ray_session, s3_shards, tmp_path
 ):
-    from ledgers import assert_every_sample_once, ledger
+    from ledgers import LEDGER, assert_every_sample_once, ledger
 
     from ray_ddp.checkpoint import load_state
+    from ray_ddp.testing.harness import Harness, Stall
     from ray_ddp.trainer import run_training
 
     straight = TrainConfig(**STREAMED, data_dir=s3_shards, storage_path=str(tmp_path))
     straight = dataclasses.replace(straight, name="straight")
-    reference = run_training(straight)
+    reference = run_training(straight, harness=LEDGER)
     # Rank 1 dies (os._exit) before optimizer step 23: the last checkpoint is step 20,
     # inside epoch 2 (step 5 of 15); the restarted group resumes there.
-    killed = dataclasses.replace(
-        straight, name="killed", stall_step=23, stall_rank=1, stall_exit=True, max_failures=1
-    )
-    summary = run_training(killed)
-    assert (tmp_path / "killed" / "stalled-rank-1").exists()
+    killed = dataclasses.replace(straight, name="killed", max_failures=1)
+    dies = Harness(stalls=(Stall(23, rank=1, exit=True),), sample_ledger=True)
+    summary = run_training(killed, harness=dies)
+    assert (tmp_path / "killed" / "stalled-step-23-rank-1").exists()
     with open(tmp_path / "killed" / "attempts.csv") as file:
         assert len(file.read().splitlines()) == 3  # a header and two attempts
     for name in ("straight", "killed"):

@@ -1,18 +1,28 @@
-"""A stopped 2-worker run continued on 1 worker is the same optimisation: the same
-samples in the same optimizer steps (a ledger gathered from every rank), every sample
-once per epoch, and the same final weights as the uninterrupted 2-worker run. And an
-elastic run whose 3 micro-batches per step fall unevenly on the 2 workers it got (2 and 1)
-makes the steps of 1 worker accumulating all 3.
+"""A 2-worker run stopped by a non-finite loss (at once, naming the step and the rank,
+not retried, its last checkpoint intact) and continued on 1 worker is the same
+optimisation: the same samples in the same optimizer steps (a ledger gathered from every
+rank), every sample once per epoch, and the same final weights as the uninterrupted
+2-worker run. And an elastic run whose 3 micro-batches per step fall unevenly on the 2
+workers it got (2 and 1) makes the steps of 1 worker accumulating all 3.
 
 Tolerance: see tests/ledgers.py.
 """
 
 from __future__ import annotations
 
-import pytest
-from ledgers import EXACT_RUN, assert_every_sample_once, assert_same_weights, ledger
+import json
+import os
 
+import pytest
+import torch
+from ledgers import EXACT_RUN, LEDGER, assert_every_sample_once, assert_same_weights, ledger
+from ray.train import ControllerError
+
+from ray_ddp.attempts import last_attempt
 from ray_ddp.checkpoint import load_state
+from ray_ddp.loss_guard import NonFiniteLossError
+from ray_ddp.storage import list_checkpoints
+from ray_ddp.testing.harness import Harness
 from ray_ddp.trainer import fit
 
 pytestmark = pytest.mark.ray
@@ -20,14 +30,34 @@ pytestmark = pytest.mark.ray
 TASK = "ray_ddp.image_classification:ImageClassification"
 
 
-def test_a_stopped_run_continued_on_one_worker_is_the_same_run(straight_run, tmp_path, capsys):
+def test_a_run_stopped_by_a_nan_continued_on_one_worker_is_the_same_run(
+    straight_run, tmp_path, capsys
+):
+    import pyarrow.fs
+
     storage = str(tmp_path)
-    # Stopped by a failure at step 113 (epoch 2, after the checkpoint at step 110).
-    with pytest.raises(Exception, match="non-finite"):
-        fit(TASK, num_workers=2, storage_path=storage, name="moved", inject_nan_step=113,
-            **EXACT_RUN)  # fmt: skip
+    run_dir = os.path.join(storage, "moved")
+    # Rank 1's loss turns NaN at step 53 (epoch 2, after the checkpoint at step 50).
+    # A restart would meet it again: not retried, though --max-failures allows one.
+    nan = Harness(nan_step=53, nan_rank=1, sample_ledger=True)
+    with pytest.raises(ControllerError) as failure:
+        fit(TASK, num_workers=2, storage_path=storage, name="moved", max_failures=1,
+            harness=nan, **EXACT_RUN)  # fmt: skip
+    assert "non-finite training loss at optimizer step 53 on rank 1" in str(failure.value)
+    # Stopped by ray_ddp's rule in the controller, not by running out of --max-failures.
+    assert isinstance(failure.value.controller_failure, NonFiniteLossError)
+    assert last_attempt(run_dir)["attempt"] == "1"
+    with open(os.path.join(run_dir, "checkpoint_manager_snapshot.json")) as file:
+        latest = json.load(file)["latest_checkpoint_result"]["metrics"]
+    assert latest["step"] == 50 and latest["mid_epoch"]
+    newest = list_checkpoints(pyarrow.fs.LocalFileSystem(), run_dir)[-1]
+    state = load_state(newest)
+    assert state["progress"]["step"] == 50  # the newest on disk: nothing after the NaN
+    assert all(torch.isfinite(t).all() for t in state["model"].values())
     capsys.readouterr()
-    summary = fit(TASK, num_workers=1, storage_path=storage, name="moved", **EXACT_RUN)
+
+    summary = fit(TASK, num_workers=1, storage_path=storage, name="moved", harness=LEDGER,
+                  **EXACT_RUN)  # fmt: skip
     out = capsys.readouterr().out
     assert (
         "run moved continues on 1 worker: accumulation 1 -> 2 keeps its global batch of 64" in out
@@ -56,7 +86,7 @@ UNEVEN = {
     "val_samples": 100,
     "batch_size": 32,
     "seed": 5,
-    "sample_ledger": True,
+    "harness": LEDGER,
     "export": False,
     "tensorboard": False,
     "progress_interval_s": 0,
