@@ -16,6 +16,11 @@
    checkpoint, resumed to the end under the same name, evaluated with jobs/evaluate.py, and
    its export checked.
 Writes gpu_ray.json and gpu_ray.md to --out; each step's output goes to --out/logs/.
+
+Every job joins one Ray (``--address``): the one given, else one this script starts for
+all of them (without the dashboard, whose packages the GPU machine lacks), instead of each
+starting and stopping its own. The ray_ddp throughput is its steady state, which does not
+depend on who started Ray.
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="CPU, resnet18 at 32 px, few steps")
     p.add_argument("--steps", type=int, default=60, help="timed steps per configuration")
     p.add_argument("--no-compile", action="store_true", help="leave the compiled case out")
+    p.add_argument("--address", help="a running Ray for every job (default: start one)")
     p.add_argument("--torchrun-child", help=argparse.SUPPRESS)  # internal: one DDP measurement
     args = p.parse_args(argv)
     args.model, args.image_size, args.batch_size, args.warmup = "resnet50", 224, 256, 15
@@ -55,9 +61,7 @@ def configs(args) -> list[tuple[str, bool]]:
 
 
 def run(cmd: list[str], log: str, env: dict | None = None, timeout: float = 900) -> int:
-    """A step in a subprocess, its output to ``log``; returns its exit code. The local Ray
-    of jobs/train.py starts without its dashboard, which the GPU machine lacks the
-    packages for (cluster.connect)."""
+    """A step in a subprocess, its output to ``log``; returns its exit code."""
     started = time.perf_counter()
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
     with open(log, "w") as out:
@@ -124,7 +128,7 @@ def ray_ddp(args, precision: str, compiled: bool) -> dict:
         "--amp", precision, "--batch-size", str(args.batch_size), "--epochs", "1",
         "--max-steps", str(steps), "--val-samples", str(2 * args.batch_size),
         "--storage-path", os.path.join(args.out, "runs"), "--name", name,
-        "--no-export", "--no-tensorboard", "--summary-json", summary,
+        "--no-export", "--no-tensorboard", "--summary-json", summary, "--address", args.address,
     ]  # fmt: skip
     cmd += ["--no-gpu", "--amp", "bf16"] if args.dry_run else ["--use-gpu", "--channels-last"]
     cmd += ["--compile"] if compiled else []
@@ -153,7 +157,7 @@ def real_run(args) -> dict:
         sys.executable, os.path.join(ROOT, "jobs", "train.py"), "--num-workers", "1",
         "--epochs", "2", "--train-samples", samples, "--val-samples", "256",
         "--batch-size", "64", "--checkpoint-every", every, "--storage-path", runs,
-        "--name", "real",
+        "--name", "real", "--address", args.address,
     ]  # fmt: skip
     base += ["--no-gpu", "--amp", "bf16"] if args.dry_run else ["--use-gpu", "--amp", "fp16"]
     summary = os.path.join(args.out, "logs", "real.json")
@@ -172,7 +176,7 @@ def real_run(args) -> dict:
     evaluated = os.path.join(logs, "real-evaluate.json")
     code = run(
         [sys.executable, os.path.join(ROOT, "jobs", "evaluate.py"), s["latest_checkpoint"],
-         "--num-workers", "1", "--summary-json", evaluated]
+         "--num-workers", "1", "--summary-json", evaluated, "--address", args.address]
         + (["--no-gpu"] if args.dry_run else ["--use-gpu"]),
         os.path.join(logs, "real-evaluate.log"),
     )  # fmt: skip
@@ -195,8 +199,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     import torch
 
-    from ray_ddp.flops import peak_tflops
-
     if not args.dry_run and not torch.cuda.is_available():
         print("gpu_ray.py: no CUDA GPU here (use --dry-run on CPU)")
         return 0
@@ -208,6 +210,29 @@ def main(argv: list[str] | None = None) -> int:
     else:
         name = f"CPU dry run ({platform.machine()})"
     started = time.perf_counter()
+    own_ray = not args.address
+    if own_ray:  # one Ray for every job below
+        import ray
+
+        ray.init(include_dashboard=False, logging_level="WARNING")
+        args.address = ray.get_runtime_context().gcs_address
+    try:
+        report = measure(args, device, name, started)
+    finally:
+        if own_ray:
+            ray.shutdown()
+    rows, real = report["rows"], report["real_run"]
+    ok = all(r.get("ray_ddp_samples_per_s") and r.get("torchrun") for r in rows)
+    ok = ok and not real.get("resumed_exit") and not real.get("evaluate_exit") and real["export"]
+    return 0 if ok else 1
+
+
+def measure(args, device, name: str, started: float) -> dict:
+    """The three ways for every configuration, then the real run; the report, written."""
+    import torch
+
+    from ray_ddp.flops import peak_tflops
+
     rows = []
     for precision, compiled in configs(args):
         print(f"{precision}{' compiled' if compiled else ''}:", flush=True)
@@ -239,9 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "gpu_ray.md"), "w") as f:
         f.write(markdown(report))
     print(f"written: {args.out}/gpu_ray.md ({total:.0f} s)")
-    ok = all(r.get("ray_ddp_samples_per_s") and r.get("torchrun") for r in rows)
-    ok = ok and not real.get("resumed_exit") and not real.get("evaluate_exit") and real["export"]
-    return 0 if ok else 1
+    return report
 
 
 def markdown(report: dict) -> str:

@@ -1,5 +1,6 @@
 """The benchmark really runs: its smallest case (torchrun DDP and ray_ddp, a few steps)
-end to end, and the GPU check skips cleanly without a GPU and works in its CPU dry run."""
+end to end, and the GPU checks skip cleanly without a GPU and work in their CPU dry runs
+(the GPU rehearsals). All of it is the slow tier (whole jobs as processes of their own)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.ray
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 
 
-@pytest.mark.ray
 @pytest.mark.own_cluster  # jobs/train.py starts its own local Ray, as a user's run does
 def test_quick_benchmark_smallest_case(tmp_path, no_shared_ray):
     out = tmp_path / "results"
@@ -73,13 +75,14 @@ def test_gpu_path_check_runs_dry_on_cpu():
     assert "optimizer step 7 on rank 0" in proc.stdout
 
 
-@pytest.mark.ray
-@pytest.mark.own_cluster  # its jobs start their own local Ray, as on the GPU machine
-def test_the_gpu_check_under_ray_rehearses_on_cpu(tmp_path, no_shared_ray):
-    """benchmarks/gpu_ray.py --dry-run: every step the GPU call will take, tiny, on CPU."""
+def test_the_gpu_check_under_ray_rehearses_on_cpu(tmp_path, ray_session):
+    """benchmarks/gpu_ray.py --dry-run: every step the GPU call will take, tiny, on CPU; its
+    jobs join the test's Ray (on the GPU machine they join the one the script starts)."""
     out = tmp_path / "gpu_ray"
+    address = ray_session.get_runtime_context().gcs_address
     done = subprocess.run(
-        [sys.executable, os.path.join(BENCH, "gpu_ray.py"), "--dry-run", "--out", str(out)],
+        [sys.executable, os.path.join(BENCH, "gpu_ray.py"), "--dry-run", "--out", str(out),
+         "--address", address],
         cwd=ROOT, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

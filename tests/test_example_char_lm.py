@@ -6,7 +6,8 @@ real Ray, real DDP over gloo on 2 CPU workers, nothing mocked.
    by the task's own metrics over the whole validation split, gives the run's 2-worker
    validation loss exactly (up to float32 summation order).
 2. Accumulation: per-worker batch 8 x 2 micro-batches makes the same optimizer steps as
-   batch 16 x 1.
+   batch 16 x 1, with one gradient all-reduce per optimizer step (DDP's no_sync on the
+   first micro-batch), counted by a communication hook.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import torch
 import ray_ddp
 from examples.char_lm import CharLM
 from ray_ddp import TrainConfig
+
+pytestmark = pytest.mark.ray
 
 # Measured: this run 7.89; the same training in one process, seeds 0-3: 7.9-10.6.
 # For comparison on the same split: uniform bytes 256, a byte unigram model 25.7, an
@@ -101,6 +104,7 @@ def test_accumulated_micro_batches_make_the_same_steps(ray_session, storage):
         warmup_steps=0,
         val_samples=64,
         export=False,
+        comm_stats=True,
     )
     task = CharLM(report_samples=0)  # no samples to draw at the end
     accumulated = ray_ddp.fit(task, quick(storage, "accum2", batch_size=8, accum_steps=2, **common))
@@ -118,3 +122,6 @@ def test_accumulated_micro_batches_make_the_same_steps(ray_session, storage):
     assert moved > 1e-2
     assert differ < 1e-6, differ
     assert accumulated["history"][-1]["step"] == whole["history"][-1]["step"] == 4
+    # 2 backwards per step, 1 gradient all-reduce: no_sync() on the first micro-batch.
+    assert accumulated["history"][-1]["allreduces_per_step"] == 1.0
+    assert whole["history"][-1]["allreduces_per_step"] == 1.0

@@ -114,7 +114,9 @@ def test_run_logs_and_per_worker_balance(first_run):
 
 def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first_run):
     """301 validation samples over 2 ranks (151 + 150): the 2-worker figures must equal
-    a single-process evaluation of the same weights, every sample counted once."""
+    a single-process evaluation of the same weights, every sample counted once. The
+    small ResNet has BatchNorm: each rank's running statistics drift apart in training,
+    and validation must use the ones the checkpoint holds (rank 0's)."""
     cfg, summary = first_run
     model = load_model(summary["latest_checkpoint"])  # unwrapped: no DDP, no Ray
     saved = load_state(summary["latest_checkpoint"])["model"]
@@ -185,9 +187,66 @@ def test_exported_model_loads_without_ray_and_predicts_the_same(first_run, tmp_p
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
 
 
-def test_rerunning_the_name_resumes_from_the_last_epoch(first_run):
-    cfg, first = first_run
-    summary = run_training(dataclasses.replace(cfg, epochs=4))
+def test_bf16_autocast_trains_a_torchvision_model_on_cpu(ray_session, storage):
+    """A torchvision model by name (resnet18, BatchNorm) under bf16 autocast on CPU
+    workers. (Validation with rank 0's BatchNorm statistics, equal to one process's, is
+    checked on first_run, whose small_resnet has BatchNorm too.)"""
+    summary = run_training(
+        TrainConfig(
+            num_workers=2, amp="bf16", model="resnet18", train_samples=1024, val_samples=101,
+            batch_size=32, lr=0.01, epochs=2, storage_path=storage, name="bf16", export=False,
+            tensorboard=False,
+        )
+    )  # fmt: skip
+    history = summary["history"]
+    assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert summary["final"]["evaluated_samples"] == 101
+    assert type(load_model(summary["latest_checkpoint"])).__name__ == "ResNet"
+
+
+def test_imagefolder_files_train_across_workers_and_every_rank_speaks_when_asked(
+    ray_session, storage, tmp_path
+):
+    """Real PNG files decoded in DataLoader worker processes inside Ray workers, trained by
+    jobs/train.py; --log-all-ranks shows every rank's lines, tagged (rank 0 only, untagged,
+    is the default: test_reliability checks that on its drivers' output)."""
+    import json
+    import subprocess
+    import sys
+
+    write_imagefolder(str(tmp_path / "data"), train=16, val=5, size=20)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    address = ray_session.get_runtime_context().gcs_address
+    summary_json = os.path.join(storage, "folder.json")
+    loud = subprocess.run(
+        [sys.executable, os.path.join(root, "jobs", "train.py"), "--address", address,
+         "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--image-size", "16",
+         "--batch-size", "8", "--epochs", "2", "--loader-workers", "1", "--lr", "1e-2",
+         "--storage-path", storage, "--name", "folder", "--log-all-ranks",
+         "--summary-json", summary_json],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert loud.returncode == 0, loud.stderr[-2000:]
+    assert "[rank 0] epoch   1/2" in loud.stdout and "[rank 1] epoch   1/2" in loud.stdout
+    with open(summary_json) as file:
+        summary = json.load(file)
+    assert summary["final"]["evaluated_samples"] == 15
+    assert load_model(summary["latest_checkpoint"])(torch.zeros(1, 3, 16, 16)).shape == (1, 3)
+
+
+# ------------------------------------------------- the first run, continued (last: they add
+# checkpoints to it, and Ray keeps only the best two and the latest)
+@pytest.fixture(scope="module")
+def rerun(first_run):
+    """first_run re-run under its name with one more epoch: it resumes."""
+    cfg, _ = first_run
+    return run_training(dataclasses.replace(cfg, epochs=4))
+
+
+def test_rerunning_the_name_resumes_from_the_last_epoch(first_run, rerun):
+    _, first = first_run
+    summary = rerun
     assert [m["epoch"] for m in summary["history"]] == [4]  # epochs 1-3 not redone
     steps_per_epoch = first["steps"] // 3
     assert summary["steps"] == 4 * steps_per_epoch
@@ -197,164 +256,24 @@ def test_rerunning_the_name_resumes_from_the_last_epoch(first_run):
     assert summary["history"][0]["val_loss"] < first["history"][0]["val_loss"]
 
 
-def test_resume_from_a_checkpoint_with_new_flags_and_another_world_size(first_run, storage):
-    """Fine-tuning from a 2-worker checkpoint on 1 worker with another lr and weight
-    decay: the flags' values are used (not the checkpoint's), and the schedule continues
-    at 3 of 4 epochs at this world size, so it ends at its floor with epoch 4."""
-    cfg, first = first_run
-    summary = run_training(
-        dataclasses.replace(
-            cfg,
-            name="branch",
-            storage_path=storage,
-            epochs=4,
-            resume_from=first["latest_checkpoint"],
-            num_workers=1,
-            lr=1e-4,
-            weight_decay=0.05,
-        )
-    )
-    assert [m["epoch"] for m in summary["history"]] == [4]
-    assert summary["run_dir"].startswith(storage)
-    assert summary["history"][-1]["lr"] == pytest.approx(1e-4 * cfg.min_lr_ratio)
-    state = load_state(summary["latest_checkpoint"])
-    assert state["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
-
-
-def _weights(summary: dict) -> dict[str, torch.Tensor]:
-    return load_state(summary["latest_checkpoint"])["model"]
-
-
-def test_accumulation_equals_the_big_batch_with_one_allreduce_per_step(ray_session, storage):
-    """4 micro-batches of 8 per worker = one batch of 32 per worker: same first update;
-    and the comm hook counts exactly one gradient all-reduce per optimizer step.
-
-    SGD, because its update is linear in the gradient: float-rounding differences in the
-    summed gradient stay float-sized (AdamW divides by sqrt(v) and can magnify them on
-    near-zero gradients)."""
-    common = dict(
-        num_workers=2,
-        train_samples=512,
-        val_samples=64,
-        epochs=1,
-        max_steps=2,
-        storage_path=storage,
-        comm_stats=True,
-        seed=5,
-        optimizer="sgd",
-        lr=0.05,
-        model="small_cnn",  # no BatchNorm: k micro-batches then equal one batch exactly
-    )
-    accumulated = run_training(TrainConfig(**common, batch_size=8, accum_steps=4, name="acc"))
-    big = run_training(TrainConfig(**common, batch_size=32, accum_steps=1, name="big"))
-    assert accumulated["steps"] == big["steps"] == 2
-    for key, value in _weights(big).items():
-        torch.testing.assert_close(_weights(accumulated)[key], value, rtol=1e-5, atol=1e-6)
-    assert accumulated["history"][0]["allreduces_per_step"] == 1.0  # 4 backwards, 1 sync
-    assert big["history"][0]["allreduces_per_step"] == 1.0
-
-    # --max-steps stopped inside epoch 1 (step 2 of 8): saved as that position, so the
-    # same run without the limit trains the rest of the epoch instead of skipping it.
-    assert accumulated["epochs_completed"] == 0
-    rest = run_training(TrainConfig(**{**common, "max_steps": None}, batch_size=8,
-                                    accum_steps=4, name="acc"))  # fmt: skip
-    assert rest["steps"] == 8 and rest["epochs_completed"] == 1
-    assert [m["epoch"] for m in rest["history"]] == [1]
-    assert rest["history"][0]["train_samples"] == 512  # the whole epoch, both parts
-
-
-def test_batchnorm_validation_equals_a_single_process_evaluation_of_the_checkpoint(
-    ray_session, storage
-):
-    """resnet18 (BatchNorm) on 2 workers: each rank's running statistics drift apart in
-    training; validation must use the ones the checkpoint holds (rank 0's)."""
-    cfg = TrainConfig(num_workers=2, model="resnet18", train_samples=512, val_samples=101,
-                      batch_size=32, epochs=1, lr=0.01, storage_path=storage, name="bn",
-                      export=False, tensorboard=False)  # fmt: skip
-    summary = run_training(cfg)
-    model = load_model(summary["latest_checkpoint"])
-    _, val, _ = build_datasets(cfg)
-    loader = torch.utils.data.DataLoader(val, batch_size=50)
-    single = evaluate(model, loader, torch.device("cpu"), ImageClassification())
-    final = summary["final"]
-    assert single.sums["acc"][1] == 101
-    assert final["val_acc"] == single.means["acc"]
-    assert final["val_loss"] == pytest.approx(single.means["loss"], rel=1e-5)
-
-
-def test_bf16_autocast_trains_on_cpu(ray_session, storage):
-    summary = run_training(
-        TrainConfig(
-            num_workers=2,
-            amp="bf16",
-            train_samples=1024,
-            val_samples=101,
-            epochs=2,
-            storage_path=storage,
-            name="bf16",
-        )
-    )
-    history = summary["history"]
-    assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
-    assert history[-1]["train_loss"] < history[0]["train_loss"]
-    assert summary["final"]["evaluated_samples"] == 101
-
-
-def test_imagefolder_files_train_across_workers(ray_session, storage, tmp_path):
-    """Real PNG files decoded in DataLoader worker processes inside Ray workers."""
-    write_imagefolder(str(tmp_path / "data"), train=16, val=5, size=20)
-    summary = run_training(
-        TrainConfig(
-            num_workers=2,
-            dataset="imagefolder",
-            data_dir=str(tmp_path / "data"),
-            image_size=16,
-            batch_size=8,
-            epochs=2,
-            loader_workers=1,
-            lr=1e-2,
-            storage_path=storage,
-            name="folder",
-        )
-    )
-    assert summary["final"]["evaluated_samples"] == 15
-    assert load_model(summary["latest_checkpoint"])(torch.zeros(1, 3, 16, 16)).shape == (1, 3)
-
-
-def test_log_all_ranks_tags_every_rank(ray_session, storage):
-    """--log-all-ranks shows every rank's lines, tagged (rank 0 only, untagged, is the
-    default: test_reliability checks that on its drivers' output)."""
-    import subprocess
-    import sys
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    address = ray_session.get_runtime_context().gcs_address
-    loud = subprocess.run(
-        [sys.executable, os.path.join(root, "jobs", "train.py"), "--address", address,
-         "--epochs", "1", "--train-samples", "512", "--val-samples", "64",
-         "--storage-path", storage, "--no-export", "--name", "loud", "--log-all-ranks"],
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert loud.returncode == 0, loud.stderr[-2000:]
-    assert "[rank 0] epoch   1/1" in loud.stdout and "[rank 1] epoch   1/1" in loud.stdout
-
-
-def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(ray_session, storage):
-    from ray_ddp.storage import list_checkpoints
-
-    cfg = TrainConfig(num_workers=2, epochs=2, train_samples=1024, val_samples=101,
-                      storage_path=storage, name="corrupt", export=False)  # fmt: skip
-    first = run_training(cfg)
-    latest = first["latest_checkpoint"]
-    state_file = os.path.join(latest, "state.pt")
-    with open(state_file, "r+b") as f:  # truncated, as a crash mid-copy would leave it
-        f.truncate(os.path.getsize(state_file) // 2)
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(first_run, rerun):
+    """The re-run's latest checkpoint truncated, as a crash mid-copy would leave it: the
+    next re-run resumes from the newest older one that reads, never from scratch."""
     import pyarrow.fs
 
-    older = [p for p in list_checkpoints(pyarrow.fs.LocalFileSystem(), first["run_dir"])
+    from ray_ddp.storage import list_checkpoints
+
+    cfg, _ = first_run
+    latest = rerun["latest_checkpoint"]
+    state_file = os.path.join(latest, "state.pt")
+    with open(state_file, "r+b") as f:
+        f.truncate(os.path.getsize(state_file) // 2)
+    older = [p for p in list_checkpoints(pyarrow.fs.LocalFileSystem(), rerun["run_dir"])
              if p != latest]  # fmt: skip
-    assert older, "the epoch-1 checkpoint is kept (keep_checkpoints=2)"
-    summary = run_training(dataclasses.replace(cfg, epochs=3))
-    # Resumed from the epoch-1 checkpoint: epochs 2 and 3 trained, not 1 again, not 3 alone.
-    assert [m["epoch"] for m in summary["history"]] == [2, 3]
-    assert load_state(summary["latest_checkpoint"])["progress"]["epoch"] == 3
+    assert older, "older checkpoints are kept (keep_checkpoints=2)"
+    fallback = load_state(older[-1])["progress"]["epoch"]
+    assert fallback < 4
+    summary = run_training(dataclasses.replace(cfg, epochs=5))
+    # Resumed from the newest readable checkpoint: the epochs after it trained, no others.
+    assert [m["epoch"] for m in summary["history"]] == list(range(fallback + 1, 6))
+    assert load_state(summary["latest_checkpoint"])["progress"]["epoch"] == 5

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import json
 import os
 import signal
 import subprocess
@@ -17,16 +18,9 @@ from ray_ddp.checkpoint import load_model
 from ray_ddp.cli import tune_main
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig
 from ray_ddp.sweep_results import trial_lr
-from ray_ddp.tune import plan_concurrency, run_sweep
+from ray_ddp.tune import plan_concurrency
 
-pytestmark = pytest.mark.ray
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# 2 workers x 0.9 CPU + 0.1 for the trial's driver = one trial at a time on 2 CPUs.
-TRIAL = dict(
-    num_workers=2, cpus_per_worker=0.9, epochs=3, train_samples=2000, val_samples=301,
-    model="small_cnn",
-)  # fmt: skip
 
 
 def test_concurrency_is_derived_from_the_cluster():
@@ -52,20 +46,69 @@ def test_scale_lr_follows_the_global_batch():
     assert trial_lr({**config, "scale_lr": False}) == 0.01
 
 
-def test_sweep_stops_weak_trials_and_reports_the_best(ray_session, storage):
+@pytest.mark.ray
+def test_a_trial_too_large_for_the_cluster_fails_fast(ray_session, storage, capsys):
     started = time.perf_counter()
-    summary = run_sweep(
-        TrainConfig(**TRIAL, storage_path=storage, name="sweep"),
-        SweepConfig(
-            num_samples=4,
-            lr_min=1e-5,
-            lr_max=3e-2,
-            batch_sizes=[32, 64],
-            grace_period=1,
-            reduction_factor=2,
-        ),
+    code = tune_main(["--num-workers", "2", "--cpus-per-worker", "1", "--storage-path", storage])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "one trial needs 2.1 CPUs" in err and "the cluster has 2 CPUs" in err
+    assert time.perf_counter() - started < 30
+
+
+def _sweep_cmd(address: str, storage: str, *extra: str) -> list[str]:
+    # 2 workers x 0.9 CPU + 0.1 for the trial's driver: one trial at a time on 2 CPUs.
+    return [
+        sys.executable, os.path.join(ROOT, "jobs", "tune.py"), "--address", address,
+        "--storage-path", storage, "--name", "sweep", "--num-samples", "4",
+        "--lr-min", "1e-5", "--lr-max", "3e-2", "--batch-sizes", "32,64", "--grace-period", "1",
+        "--reduction-factor", "2", "--epochs", "3", "--train-samples", "1000",
+        "--val-samples", "301", "--num-workers", "2", "--cpus-per-worker", "0.9",
+        "--model", "small_cnn", "--summary-json", os.path.join(storage, "sweep.json"), *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.ray
+def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(ray_session, storage):
+    """One sweep of 4 trials, one at a time, with ASHA: Ctrl-C once the first trial has
+    finished (the first at each rung, it runs all 3 epochs), then the same command with
+    --resume runs the other three without running the first again; ASHA stops some of
+    them early; the best trial's checkpoint loads like any training checkpoint."""
+    address = ray_session.get_runtime_context().gcs_address
+    train_dir = os.path.join(storage, "sweep", "train")
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        _sweep_cmd(address, storage), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
-    print(f"4-trial sweep: {time.perf_counter() - started:.0f} s")
+    try:
+        # One trial at a time: a second trial's run directory means the first ended.
+        deadline = time.time() + 240
+        while time.time() < deadline:
+            if os.path.isdir(train_dir) and len(os.listdir(train_dir)) >= 2:
+                break
+            assert proc.poll() is None, "the sweep ended before it could be interrupted"
+            time.sleep(0.2)
+        else:
+            pytest.fail("the first trial did not finish in time")
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    first = sorted(os.listdir(train_dir))[0]
+    first_checkpoints = sorted(os.listdir(os.path.join(train_dir, first)))
+
+    resumed = subprocess.run(
+        _sweep_cmd(address, storage, "--resume"), capture_output=True, text=True, timeout=400
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    print(f"4-trial sweep, interrupted and resumed: {time.perf_counter() - started:.0f} s")
+    # The finished trial was not run again: its run directory is exactly as it was.
+    assert sorted(os.listdir(os.path.join(train_dir, first))) == first_checkpoints
+    assert f"[{first}] epoch" not in resumed.stdout
+
+    with open(os.path.join(storage, "sweep.json")) as f:
+        summary = json.load(f)
     trials = summary["trials"]
     assert len(trials) == 4
     stopped = [t for t in trials if t["status"] == "stopped early"]
@@ -82,58 +125,3 @@ def test_sweep_stops_weak_trials_and_reports_the_best(ray_session, storage):
     assert {r["status"] for r in rows} >= {"stopped early", "finished"}
     with open(os.path.join(summary["sweep_dir"], "sweep.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-
-
-def test_a_trial_too_large_for_the_cluster_fails_fast(ray_session, storage, capsys):
-    started = time.perf_counter()
-    code = tune_main(["--num-workers", "2", "--cpus-per-worker", "1", "--storage-path", storage])
-    assert code == 2
-    err = capsys.readouterr().err
-    assert "one trial needs 2.1 CPUs" in err and "the cluster has 2 CPUs" in err
-    assert time.perf_counter() - started < 30
-
-
-def _sweep_cmd(address: str, storage: str, *extra: str) -> list[str]:
-    return [
-        sys.executable, os.path.join(ROOT, "jobs", "tune.py"), "--address", address,
-        "--storage-path", storage, "--name", "resumable", "--num-samples", "2",
-        "--no-early-stop", "--epochs", "2", "--train-samples", "1000", "--val-samples", "101",
-        "--num-workers", "2", "--cpus-per-worker", "0.9", "--batch-sizes", "64",
-        "--model", "small_cnn", *extra,
-    ]  # fmt: skip
-
-
-def test_an_interrupted_sweep_resumes_without_rerunning_finished_trials(ray_session, storage):
-    address = ray_session.get_runtime_context().gcs_address
-    train_dir = os.path.join(storage, "resumable", "train")
-    proc = subprocess.Popen(
-        _sweep_cmd(address, storage), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
-    try:
-        # One trial at a time: a second trial's run directory means the first finished.
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            if os.path.isdir(train_dir) and len(os.listdir(train_dir)) >= 2:
-                break
-            assert proc.poll() is None, "the sweep ended before it could be interrupted"
-            time.sleep(0.5)
-        else:
-            pytest.fail("the first trial did not finish in time")
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
-        proc.wait(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    first = sorted(os.listdir(train_dir))[0]
-    first_checkpoints = sorted(os.listdir(os.path.join(train_dir, first)))
-
-    resumed = subprocess.run(
-        _sweep_cmd(address, storage, "--resume"), capture_output=True, text=True, timeout=300
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    with open(os.path.join(storage, "resumable", "results.csv")) as f:
-        rows = list(csv.DictReader(f))
-    assert len(rows) == 2 and all(r["status"] == "finished" for r in rows), rows
-    # The finished trial was not run again: its run directory is exactly as it was.
-    assert sorted(os.listdir(os.path.join(train_dir, first))) == first_checkpoints
-    assert f"[{first}] epoch" not in resumed.stdout
