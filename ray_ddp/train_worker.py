@@ -45,6 +45,7 @@ from ray_ddp.run_logs import RunLogs
 from ray_ddp.seeding import seed_initial_weights
 from ray_ddp.sharded_eval import EvalResult, evaluate
 from ray_ddp.step_timing import EpochTiming, StepTimer
+from ray_ddp.storage import join, write_bytes
 from ray_ddp.task import Task, map_tensors
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
@@ -534,11 +535,9 @@ def write_ledger(
     rows = [row for part in all_gather(ledger or []) for row in part]
     if not worker.is_main:
         return
-    folder = os.path.join(cfg.run_dir, "ledger")
-    os.makedirs(folder, exist_ok=True)
     lines = ["step,index", *(f"{step},{index}" for step, index in sorted(rows))]
-    with open(os.path.join(folder, f"epoch-{epoch + 1}.csv"), "w") as file:
-        file.write("\n".join(lines) + "\n")
+    path = join(cfg.run_dir, "ledger", f"epoch-{epoch + 1}.csv")  # a local path or a URI
+    write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 
 @contextlib.contextmanager

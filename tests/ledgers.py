@@ -16,11 +16,12 @@ sizes that are not powers of two (thirds) would round differently. The assertion
 from __future__ import annotations
 
 import csv
-import os
+import io
 from collections import defaultdict
 
 import torch
 
+from ray_ddp import storage
 from ray_ddp.testing.harness import Harness, Stall
 
 # 40 optimizer steps of 64 samples per epoch; a checkpoint every 10.
@@ -54,13 +55,18 @@ def stalls(*events: tuple[int, int], ledger: bool = True, **more) -> Harness:
 
 
 def ledger(run_dir: str) -> dict[int, dict[int, list[int]]]:
-    """epoch -> optimizer step -> the sample indices trained in it."""
+    """epoch -> optimizer step -> the sample indices trained in it (``run_dir``: a local
+    path or a storage URI)."""
+    import pyarrow.fs
+
+    fs, inner = storage.filesystem(storage.join(run_dir, "ledger"))
+    names = sorted(info.base_name for info in fs.get_file_info(pyarrow.fs.FileSelector(inner)))
     epochs: dict[int, dict[int, list[int]]] = {}
-    for name in sorted(os.listdir(os.path.join(run_dir, "ledger"))):
+    for name in names:
         steps: dict[int, list[int]] = defaultdict(list)
-        with open(os.path.join(run_dir, "ledger", name)) as file:
-            for row in csv.DictReader(file):
-                steps[int(row["step"])].append(int(row["index"]))
+        text = storage.read_text(storage.join(run_dir, "ledger", name)) or ""
+        for row in csv.DictReader(io.StringIO(text)):
+            steps[int(row["step"])].append(int(row["index"]))
         epochs[int(name.removeprefix("epoch-").removesuffix(".csv"))] = dict(steps)
     return epochs
 

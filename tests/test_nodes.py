@@ -1,7 +1,7 @@
 """Several nodes simulated on this machine (ray.cluster_utils.Cluster), one cluster for the
-module: a request the cluster's totals hold but its nodes do not, refused at once; workers
-spread over nodes and their checkpoint evaluated; a node lost mid-run survived through
---max-failures; and an elastic run that loses a node, continues on fewer workers, grows
+module: a request the cluster's totals hold but its nodes do not, refused at once; a node
+lost mid-run by workers spread over nodes, survived through --max-failures, and the run's
+checkpoint evaluated there; and an elastic run that loses a node, continues on fewer workers, grows
 back when a node joins and ends with the weights of the uninterrupted run.
 
 The cluster: a head with 1 CPU, and two nodes (1 and 2 CPUs) that also carry one ``slot``
@@ -128,37 +128,6 @@ def test_what_the_totals_hold_but_no_node_arrangement_does_is_refused(nodes, sto
     )
 
 
-def test_workers_spread_over_nodes_and_their_checkpoint_evaluates(nodes, storage, capsys):
-    started = time.perf_counter()
-    summary = fit_spread(storage, "spread", epochs=2, train_samples=1000)
-    print(f"2-node run: {time.perf_counter() - started:.0f} s")
-    assert len({r["node_id"] for r in summary["ranks"]}) == 2
-    assert summary["epochs_completed"] == 2 and summary["final"]["evaluated_samples"] == 101
-
-    # jobs/evaluate.py on that local checkpoint: on several nodes it is first copied to the
-    # storage every node sees (a worker elsewhere may not have the driver's path).
-    results = os.path.join(storage, "eval.json")
-    argv = [summary["latest_checkpoint"], "--num-workers", "2", "--storage-path", storage,
-            "--summary-json", results]  # fmt: skip
-    assert evaluate_main(argv) == 0
-    out = capsys.readouterr().out
-    assert f"checkpoint {summary['latest_checkpoint']} copied to {storage}/eval-" in out
-    with open(results) as f:
-        evaluated = json.load(f)
-    assert evaluated["checkpoint"].startswith(f"{storage}/eval-")
-    assert evaluated["metrics"]["acc"] == summary["final"]["val_acc"]
-
-
-def fit_spread(storage: str, name: str, **fields):
-    from ray_ddp.trainer import run_training
-
-    cfg = TrainConfig(
-        num_workers=2, placement_strategy="SPREAD", val_samples=101, storage_path=storage,
-        name=name, export=False, tensorboard=False, **fields,
-    )  # fmt: skip
-    return run_training(cfg)
-
-
 # ---------------------------------------------------------------- elastic
 ELASTIC = {**EXACT_RUN, "resources_per_worker": {"slot": 1.0}}
 LOST_AT = 13  # rank 1 stops here (epoch 1, after the checkpoint of step 10): its node goes
@@ -239,9 +208,14 @@ def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
     )
 
 
-def test_losing_a_node_resumes_from_the_last_checkpoint(nodes, storage):
-    """Rank 1 stops 2 steps into epoch 2 (8 steps an epoch), once epoch 1's checkpoint is
-    registered; a node holding a worker is removed; the restarted group resumes there."""
+def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, storage, capsys):
+    """Two workers spread over nodes; rank 1 stops 2 steps into epoch 2 (8 steps an
+    epoch), once epoch 1's checkpoint is registered; a node holding a worker is removed;
+    the restarted group resumes there, on two nodes again. Then jobs/evaluate.py on that
+    local checkpoint: on several nodes it is first copied to the storage every node sees
+    (a worker elsewhere may not have the driver's path)."""
+    from ray.util.state import list_actors
+
     address = nodes.cluster.address
     cfg = TrainConfig(
         num_workers=2, placement_strategy="SPREAD", max_failures=1, epochs=2,
@@ -256,17 +230,30 @@ def test_losing_a_node_resumes_from_the_last_checkpoint(nodes, storage):
         lambda: _stalled(run_dir, 10, 1, lambda m: m["epoch"] == 1 and not m.get("mid_epoch")),
         run,
     )
-    from ray.util.state import list_actors
-
     workers = list_actors(
         address=address, filters=[("class_name", "=", "RayTrainWorker"), ("state", "=", "ALIVE")]
     )
     on = {a.node_id for a in workers} | {_node_of(address, pid)}
+    assert len(on) == 2, "spread over two nodes"
     victim = next(n for n in nodes.cluster.worker_nodes if n.node_id in on)  # never the head
     nodes.remove(victim)
     summary = run.finish(timeout=300)
     print(f"2-node run with a lost node: {time.perf_counter() - started:.0f} s")
     history = [m["epoch"] for m in summary["history"]]  # of the attempt that finished
     assert summary["epochs_completed"] == 2 and history == [2], history
-    assert victim.node_id not in {r["node_id"] for r in summary["ranks"]}
+    ranks_on = {r["node_id"] for r in summary["ranks"]}
+    assert victim.node_id not in ranks_on and len(ranks_on) == 2
+    assert summary["final"]["evaluated_samples"] == 101
     nodes.replace(victim)
+
+    results = os.path.join(storage, "eval.json")
+    argv = [summary["latest_checkpoint"], "--num-workers", "2", "--storage-path", storage,
+            "--summary-json", results]  # fmt: skip
+    capsys.readouterr()
+    assert evaluate_main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"checkpoint {summary['latest_checkpoint']} copied to {storage}/eval-" in out
+    with open(results) as f:
+        evaluated = json.load(f)
+    assert evaluated["checkpoint"].startswith(f"{storage}/eval-")
+    assert evaluated["metrics"]["acc"] == summary["final"]["val_acc"]

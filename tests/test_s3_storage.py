@@ -26,8 +26,6 @@ from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.run_logs import METRICS_CSV, RunLogs, read_metrics
 
 BUCKET = s3server.BUCKET  # on the session's S3 server (conftest.s3)
-# Small: ~10 s of training per run on 2 cores.
-BASE = dict(num_workers=2, train_samples=1000, val_samples=101, batch_size=64, epochs=2)
 
 
 def _keys(uri: str) -> list[str]:
@@ -233,39 +231,92 @@ def test_fp16_is_not_refused_in_a_submitted_job(monkeypatch):
 
 
 # ------------------------------------------------------------------ real Ray
+# ------------------------------------------------------------ runs on S3
+# 960 rows in 4 shards of row groups of 40, streamed from the S3 server: 15 optimizer
+# steps of 64 per epoch, a checkpoint every 5; the shuffle buffer spans a few groups.
+STREAMED = dict(
+    num_workers=2, dataset="parquet", epochs=2, batch_size=32, image_size=8, model="small_cnn",
+    seed=3, checkpoint_every=5, shuffle_buffer=96, progress_interval_s=0,
+)  # fmt: skip
+
+
 @pytest.fixture(scope="module")
-def s3_runs(s3, ray_session):
-    """A 2-epoch run on s3://, then the same --name again with 3 epochs: a restart after
-    the driver was killed (the same path a --max-failures restart takes to its logs)."""
+def s3_shards(s3, tmp_path_factory):
+    """train/ and val/ folders of Parquet shards, uploaded to the S3 server."""
+    from formats import write_parquet_shards
+
+    local = tmp_path_factory.mktemp("shards")
+    write_parquet_shards(str(local), train=960, val=101, shards=4, group_rows=40, size=8)
+    storage.upload_dir(str(local), f"s3://{BUCKET}/data")
+    return f"s3://{BUCKET}/data"
+
+
+@pytest.fixture(scope="module")
+def s3_runs(s3, ray_session, s3_shards):
+    """Two runs of the same training, data and runs both on s3://: one straight through,
+    and one whose rank 1 dies (os._exit) before optimizer step 23, after the checkpoint of
+    step 20, inside epoch 2 (step 5 of 15), and which --max-failures restarts from there."""
+    from ledgers import LEDGER
+
+    from ray_ddp.testing.harness import Harness, Stall
     from ray_ddp.trainer import run_training
 
-    cfg = TrainConfig(**BASE, storage_path=f"s3://{BUCKET}/runs", name="s3run")
-    first = run_training(cfg)
-    second = run_training(dataclasses.replace(cfg, epochs=3))
-    return cfg, first, second
+    cfg = TrainConfig(
+        **STREAMED, data_dir=s3_shards, storage_path=f"s3://{BUCKET}/runs", name="straight"
+    )
+    straight = run_training(cfg, harness=LEDGER)
+    dies = Harness(stalls=(Stall(23, rank=1, exit=True),), sample_ledger=True)
+    killed = run_training(dataclasses.replace(cfg, name="killed", max_failures=1), harness=dies)
+    return cfg, straight, killed
 
 
 @pytest.mark.ray
 def test_a_run_on_s3_writes_everything_and_a_restart_keeps_the_history(s3_runs):
-    cfg, first, second = s3_runs
-    run_dir = f"s3://{BUCKET}/runs/s3run"
-    for summary in (first, second):
-        assert summary["run_dir"] == run_dir
-        assert summary["best"]["checkpoint"].startswith(f"{run_dir}/checkpoint_")
-        assert summary["latest_checkpoint"].startswith(f"{run_dir}/checkpoint_")
-        assert summary["export"]["program"] == f"{run_dir}/export/model.pt2"
-    assert [m["epoch"] for m in second["history"]] == [3]  # resumed, epochs 1-2 not redone
+    cfg, straight, killed = s3_runs
+    run_dir = f"s3://{BUCKET}/runs/straight"
+    assert straight["run_dir"] == run_dir
+    assert straight["best"]["checkpoint"].startswith(f"{run_dir}/checkpoint_")
+    assert straight["latest_checkpoint"].startswith(f"{run_dir}/checkpoint_")
+    assert straight["export"]["program"] == f"{run_dir}/export/model.pt2"
     keys = _keys(run_dir)
     assert {"metrics.csv", "curves.png", "ray_ddp_config.json"} <= set(keys)
     assert {"export/model.pt2", "export/model_state_dict.pt", "export/model.json"} <= set(keys)
-    assert len([k for k in keys if k.startswith("tensorboard/events.out.tfevents.")]) == 2
+    assert len([k for k in keys if k.startswith("tensorboard/events.out.tfevents.")]) == 1
     assert any(k.startswith("checkpoint_") and k.endswith("/state.pt") for k in keys)
     rows = read_metrics(storage.join(run_dir, METRICS_CSV))
-    assert [r["epoch"] for r in rows] == [1, 2, 3]  # every epoch, across both attempts
-    history = first["history"] + second["history"]
-    assert [r["val_acc"] for r in rows] == [m["val_acc"] for m in history]
+    assert [r["val_acc"] for r in rows] == [m["val_acc"] for m in straight["history"]]
     meta = json.loads(storage.read_text(f"{run_dir}/export/model.json"))
-    assert meta["source_checkpoint"] == second["best"]["checkpoint"]
+    assert meta["source_checkpoint"] == straight["best"]["checkpoint"]
+
+    # The killed run's restart (the same path a driver re-run takes to its logs): every
+    # epoch's row, across both attempts, and the first attempt's event file kept.
+    killed_dir = f"s3://{BUCKET}/runs/killed"
+    assert storage.exists(f"{killed_dir}/stalled-step-23-rank-1")
+    attempts = storage.read_text(f"{killed_dir}/attempts.csv").splitlines()
+    assert len(attempts) == 3  # a header and two attempts
+    assert [m["epoch"] for m in killed["history"]] == [2]  # of the attempt that finished
+    rows = read_metrics(storage.join(killed_dir, METRICS_CSV))
+    assert [r["epoch"] for r in rows] == [1, 2]
+    events = [k for k in _keys(killed_dir) if k.startswith("tensorboard/events.out.tfevents.")]
+    assert len(events) == 2
+
+
+@pytest.mark.ray
+def test_streamed_shards_on_s3_every_row_once_and_a_killed_run_resumes_to_the_bit(s3_runs):
+    from ledgers import assert_every_sample_once, ledger
+
+    from ray_ddp.checkpoint import load_state
+
+    _, straight, killed = s3_runs
+    for summary in (straight, killed):
+        assert_every_sample_once(ledger(summary["run_dir"]), 960)
+    assert ledger(straight["run_dir"]) == ledger(killed["run_dir"])
+    with storage.local_copy(killed["latest_checkpoint"]) as local:
+        weights = load_state(local)["model"]
+    with storage.local_copy(straight["latest_checkpoint"]) as local:
+        expected = load_state(local)["model"]
+    assert all(torch.equal(weights[k], expected[k]) for k in expected)
+    assert killed["history"][-1]["val_loss"] == straight["history"][-1]["val_loss"]
 
 
 @pytest.mark.ray
@@ -273,28 +324,28 @@ def test_resume_from_a_checkpoint_uri_into_a_new_name_with_new_flags(s3, s3_runs
     """Fine-tuning from a 2-worker checkpoint (a URI) on 1 worker with another lr and weight
     decay, into a storage path that names its endpoint in the URI itself (as for MinIO or
     R2 without AWS_ENDPOINT_URL): the flags' values are used (not the checkpoint's), the
-    schedule continues at 3 of 4 epochs at this world size, so it ends at its floor with
-    epoch 4, and every path keeps the URI's options, workers' logs included."""
+    schedule continues at 2 of 3 epochs at this world size, so it ends at its floor with
+    epoch 3, and every path keeps the URI's options, workers' logs included."""
     from ray_ddp.checkpoint import load_model, load_state
     from ray_ddp.trainer import run_training
 
-    cfg, _, second = s3_runs
+    cfg, straight, _ = s3_runs
     options = f"?endpoint_override={s3}&scheme=http"
     summary = run_training(
         dataclasses.replace(
-            cfg, storage_path=f"s3://{BUCKET}/runs{options}", name="branch", epochs=4,
-            resume_from=second["latest_checkpoint"], export=False, num_workers=1, lr=1e-4,
+            cfg, storage_path=f"s3://{BUCKET}/runs{options}", name="branch", epochs=3,
+            resume_from=straight["latest_checkpoint"], export=False, num_workers=1, lr=1e-4,
             weight_decay=0.05,
         )
     )  # fmt: skip
-    assert [m["epoch"] for m in summary["history"]] == [4]
+    assert [m["epoch"] for m in summary["history"]] == [3]
     assert summary["run_dir"] == f"s3://{BUCKET}/runs/branch{options}"
     assert summary["history"][-1]["lr"] == pytest.approx(1e-4 * cfg.min_lr_ratio)
     rows = read_metrics(storage.join(summary["run_dir"], METRICS_CSV))
-    assert [r["epoch"] for r in rows] == [4]  # the workers' logs reached that URI too
+    assert [r["epoch"] for r in rows] == [3]  # the workers' logs reached that URI too
     with storage.local_copy(summary["latest_checkpoint"]) as local:
         state = load_state(local)
-    assert state["progress"]["epoch"] == 4 and state["world_size"] == 1
+    assert state["progress"]["epoch"] == 3 and state["world_size"] == 1
     assert state["optimizer"]["param_groups"][0]["weight_decay"] == 0.05
     monkeypatch.delenv("AWS_ENDPOINT_URL")  # the URI's options alone find the server
     assert isinstance(load_model(summary["latest_checkpoint"]), torch.nn.Module)
@@ -305,16 +356,16 @@ def test_evaluate_a_checkpoint_uri(s3_runs, capsys):
     """jobs/evaluate.py s3://.../checkpoint_...: the run's own figures; results to S3."""
     from ray_ddp.cli import evaluate_main
 
-    _, _, second = s3_runs
+    _, straight, _ = s3_runs
     results_uri = f"s3://{BUCKET}/eval/results.json"
     code = evaluate_main(
-        [second["latest_checkpoint"], "--num-workers", "2", "--summary-json", results_uri]
+        [straight["latest_checkpoint"], "--num-workers", "2", "--summary-json", results_uri]
     )
     assert code == 0, capsys.readouterr().err
     results = json.loads(storage.read_text(results_uri))
-    assert results["checkpoint"] == second["latest_checkpoint"]
-    assert results["metrics"]["acc"] == second["final"]["val_acc"]
-    assert results["metrics"]["loss"] == pytest.approx(second["final"]["val_loss"], rel=1e-5)
+    assert results["checkpoint"] == straight["latest_checkpoint"]
+    assert results["metrics"]["acc"] == straight["final"]["val_acc"]
+    assert results["metrics"]["loss"] == pytest.approx(straight["final"]["val_loss"], rel=1e-5)
     assert results["sums"]["acc"][1] == 101
 
 
@@ -367,54 +418,3 @@ def test_a_sweep_of_the_tabular_example_on_s3_ranks_by_mae_and_its_name_is_then_
         err == f"error: {sweep_dir} already exists: pass --resume to continue it, or a new --name\n"
     )
     assert _keys(sweep_dir) == keys  # nothing overwritten
-
-
-# ------------------------------------------------------------ streamed Parquet shards on S3
-# 960 rows in 4 shards of row groups of 40: 15 optimizer steps of 64 per epoch, a
-# checkpoint every 5; the shuffle buffer spans a few groups.
-STREAMED = dict(
-    num_workers=2, dataset="parquet", epochs=2, batch_size=32, image_size=8, model="small_cnn",
-    seed=3, checkpoint_every=5, shuffle_buffer=96, export=False,
-    tensorboard=False, progress_interval_s=0,
-)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def s3_shards(s3, tmp_path_factory):
-    """train/ and val/ folders of Parquet shards, uploaded to the S3 server."""
-    from formats import write_parquet_shards
-
-    local = tmp_path_factory.mktemp("shards")
-    write_parquet_shards(str(local), train=960, val=101, shards=4, group_rows=40, size=8)
-    storage.upload_dir(str(local), f"s3://{BUCKET}/data")
-    return f"s3://{BUCKET}/data"
-
-
-@pytest.mark.ray
-def test_streamed_shards_on_s3_every_row_once_and_a_killed_run_resumes_to_the_bit(
-    s3, ray_session, s3_shards, tmp_path
-):
-    from ledgers import LEDGER, assert_every_sample_once, ledger
-
-    from ray_ddp.checkpoint import load_state
-    from ray_ddp.testing.harness import Harness, Stall
-    from ray_ddp.trainer import run_training
-
-    straight = TrainConfig(**STREAMED, data_dir=s3_shards, storage_path=str(tmp_path))
-    straight = dataclasses.replace(straight, name="straight")
-    reference = run_training(straight, harness=LEDGER)
-    # Rank 1 dies (os._exit) before optimizer step 23: the last checkpoint is step 20,
-    # inside epoch 2 (step 5 of 15); the restarted group resumes there.
-    killed = dataclasses.replace(straight, name="killed", max_failures=1)
-    dies = Harness(stalls=(Stall(23, rank=1, exit=True),), sample_ledger=True)
-    summary = run_training(killed, harness=dies)
-    assert (tmp_path / "killed" / "stalled-step-23-rank-1").exists()
-    with open(tmp_path / "killed" / "attempts.csv") as file:
-        assert len(file.read().splitlines()) == 3  # a header and two attempts
-    for name in ("straight", "killed"):
-        assert_every_sample_once(ledger(str(tmp_path / name)), 960)
-    assert ledger(str(tmp_path / "straight")) == ledger(str(tmp_path / "killed"))
-    weights = load_state(summary["latest_checkpoint"])["model"]
-    expected = load_state(reference["latest_checkpoint"])["model"]
-    assert all(torch.equal(weights[k], expected[k]) for k in expected)
-    assert summary["history"][-1]["val_loss"] == reference["history"][-1]["val_loss"]

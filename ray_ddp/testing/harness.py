@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from ray_ddp.storage import exists, join, write_bytes
+
 ENV = "RAY_DDP_HARNESS"
 
 
@@ -100,8 +102,9 @@ def poison_loss(harness: Harness, loss: Any, step: int, rank: int) -> Any:
 
 def stall_marker(run_dir: str, step: int, rank: int) -> str:
     """The file a stalled rank writes (``<run>/stalled-step-<step>-rank-<rank>``: its step
-    and pid); the stall happens once per run, while it does not exist."""
-    return os.path.join(run_dir, f"stalled-step-{step}-rank-{rank}")
+    and pid; a local path or a URI, as the run's); the stall happens once per run, while it
+    does not exist."""
+    return join(run_dir, f"stalled-step-{step}-rank-{rank}")
 
 
 def stall(harness: Harness, run_dir: str, rank: int, step: int) -> None:
@@ -111,10 +114,9 @@ def stall(harness: Harness, run_dir: str, rank: int, step: int) -> None:
         if planned.step != step or planned.rank != rank:
             continue
         marker = stall_marker(run_dir, step, rank)
-        if os.path.exists(marker):
+        if exists(marker):
             continue
-        with open(marker, "w") as file:
-            file.write(f"{step} {os.getpid()}\n")
+        write_bytes(marker, f"{step} {os.getpid()}\n".encode())
         if planned.exit:
             os._exit(1)
         if planned.frozen:
