@@ -54,15 +54,15 @@ def one_thread() -> None:
 
 def datasets(args: argparse.Namespace):
     """The built-in dataset of ``jobs/train.py --dataset synthetic``: same seed, same tensors."""
-    from ray_ddp.synthetic_data import make_synthetic
+    from ray_ddp.image_classification.synthetic import make_synthetic
 
     return make_synthetic(args.seed, args.train_samples, args.val_samples)
 
 
 def model(args: argparse.Namespace, train_ds) -> torch.nn.Module:
     """The model of ``jobs/train.py --model ...``, with the same initial weights."""
-    from ray_ddp.models import build_model
-    from ray_ddp.synthetic_data import NUM_CLASSES
+    from ray_ddp.image_classification.models import build_model
+    from ray_ddp.image_classification.synthetic import NUM_CLASSES
 
     torch.manual_seed(args.seed)
     return build_model(args.model, tuple(train_ds[0][0].shape), NUM_CLASSES)
@@ -70,7 +70,7 @@ def model(args: argparse.Namespace, train_ds) -> torch.nn.Module:
 
 def optimizer_and_schedule(params, total_steps: int):
     """AdamW and the warm-up + cosine schedule, as ray_ddp builds them by default."""
-    from ray_ddp.optim import default_warmup, lr_factor
+    from ray_ddp.worker.optim import default_warmup, lr_factor
 
     opt = torch.optim.AdamW(params, lr=LR, weight_decay=WEIGHT_DECAY)
     warmup = default_warmup(total_steps)

@@ -378,7 +378,7 @@ MODES = {
         "label": "--data-engine ray (training worker only; Ray Data's processes not counted)",
     },
 }
-# What a mode needs beyond its flag: the flags were defined (in ray_ddp/config.py) before
+# What a mode needs beyond its flag: the flags were defined (in ray_ddp/config/train.py) before
 # the code that reads them, so a flag in --help alone does not say the mode exists (an
 # unimplemented --parquet-read stream silently reads the whole split, as memory does).
 MODE_FIELD = {"stream": "parquet_read", "ray": "data_engine"}
@@ -808,7 +808,7 @@ def speed_text(result: dict[str, Any]) -> list[str]:
 
 def chart(result: dict[str, Any], path: str) -> None:
     sys.path.insert(0, ROOT)
-    from ray_ddp.plots import figure, png_bytes  # matplotlib only, no Ray
+    from ray_ddp.io.plots import figure, png_bytes  # matplotlib only, no Ray
 
     colours = {"memory": "#c44e52", "stream": "#4c72b0", "ray": "#55a868"}
     panels = (

@@ -125,9 +125,9 @@ def checkpoint_accuracy(checkpoint_dir: str) -> float:
     import torch
 
     sys.path.insert(0, ROOT)
-    from ray_ddp.checkpoint import load_model, load_state
+    from ray_ddp.checkpoint.format import load_model, load_state
     from ray_ddp.config import TrainConfig
-    from ray_ddp.datasets import build_datasets
+    from ray_ddp.image_classification.datasets import build_datasets
 
     model = load_model(checkpoint_dir)
     cfg = TrainConfig.from_dict(load_state(checkpoint_dir)["config"])

@@ -8,7 +8,7 @@ AMP + GradScaler, with channels_last off and on, on one GPU.
 Synthetic data already on the GPU (no loader): this measures the model step alone, the
 ceiling a data pipeline has to feed. MFU = achieved model FLOP/s over the GPU's dense peak
 for that precision. Without a CUDA GPU (and without --dry-run) it prints one line and
-exits 0. Imports torch, torchvision and ray_ddp.flops (the peaks table; no Ray).
+exits 0. Imports torch, torchvision and ray_ddp.worker.flops (the peaks table; no Ray).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ TRAIN_FLOPS_PER_IMAGE = 3 * 2 * RESNET50_FORWARD_MACS
 
 
 def peak_flops(device_name: str, precision: str, tf32: bool) -> float | None:
-    """The dense peak FLOP/s (``ray_ddp.flops``'s table, the one the training runs use)."""
-    from ray_ddp.flops import peak_tflops
+    """The dense peak FLOP/s (``ray_ddp.worker.flops``'s table, the one the training runs use)."""
+    from ray_ddp.worker.flops import peak_tflops
 
     peak = peak_tflops(device_name, "off" if precision == "fp32" else precision, tf32)
     return peak * 1e12 if peak else None

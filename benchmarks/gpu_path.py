@@ -35,19 +35,19 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_ddp.comm_stats import attach_counter  # noqa: E402
-from ray_ddp.config import TrainConfig  # noqa: E402
-from ray_ddp.global_order import GlobalOrderBatches  # noqa: E402
-from ray_ddp.image_classification import ImageClassification  # noqa: E402
-from ray_ddp.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
-from ray_ddp.models import build_model  # noqa: E402
-from ray_ddp.optim import build_optimizer, build_scheduler  # noqa: E402
-from ray_ddp.precision import grad_scaler  # noqa: E402
-from ray_ddp.step_timing import StepTimer  # noqa: E402
-from ray_ddp.synthetic_data import make_synthetic  # noqa: E402
+from ray_ddp.config.train import TrainConfig  # noqa: E402
+from ray_ddp.data.order.global_order import GlobalOrderBatches  # noqa: E402
+from ray_ddp.image_classification.models import build_model  # noqa: E402
+from ray_ddp.image_classification.synthetic import make_synthetic  # noqa: E402
+from ray_ddp.image_classification.task import ImageClassification  # noqa: E402
+from ray_ddp.reliability.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.testing.harness import Harness  # noqa: E402
-from ray_ddp.train_epoch import EpochTools, train_epoch  # noqa: E402
-from ray_ddp.train_state import EpochSums, TrainState  # noqa: E402
+from ray_ddp.worker.comm_stats import attach_counter  # noqa: E402
+from ray_ddp.worker.epoch import EpochTools, train_epoch  # noqa: E402
+from ray_ddp.worker.optim import build_optimizer, build_scheduler  # noqa: E402
+from ray_ddp.worker.precision import grad_scaler  # noqa: E402
+from ray_ddp.worker.state import EpochSums, TrainState  # noqa: E402
+from ray_ddp.worker.timing import StepTimer  # noqa: E402
 
 
 class OnDevice:

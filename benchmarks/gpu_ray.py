@@ -231,7 +231,7 @@ def measure(args, device, name: str, started: float) -> dict:
     """The three ways for every configuration, then the real run; the report, written."""
     import torch
 
-    from ray_ddp.flops import peak_tflops
+    from ray_ddp.worker.flops import peak_tflops
 
     rows = []
     for precision, compiled in configs(args):

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
-from ray_ddp.comm_stats import attach_counter  # noqa: E402
+from ray_ddp.worker.comm_stats import attach_counter  # noqa: E402
 
 
 def main() -> None:

@@ -467,7 +467,7 @@ def markdown(
 
 def chart(agg: dict, path: str, title: str) -> None:
     sys.path.insert(0, ROOT)
-    from ray_ddp.plots import figure, png_bytes  # matplotlib only, no Ray
+    from ray_ddp.io.plots import figure, png_bytes  # matplotlib only, no Ray
 
     names = [c.name for c in CASES if c.name in agg]
     labels = [BY_NAME[n].label for n in names]

@@ -5,7 +5,7 @@
 
 Runs ``jobs/train.py`` as ``benchmarks/run.py`` does (the same job, its own local Ray)
 with ``RAY_DDP_TIMELINE`` set, so the driver and every rank stamp their stages
-(``ray_ddp/timeline.py``), while a poller reads /proc every 20 ms for the processes Ray
+(``ray_ddp/io/timeline.py``), while a poller reads /proc every 20 ms for the processes Ray
 starts: when each began (its kernel start time) and when a pooled worker became an actor
 (its title changed). Each row is the median over the runs of the seconds since launch,
 (min-max), and who spends them: ours or Ray's. Results: ``benchmarks/results/startup.md``
@@ -170,7 +170,7 @@ def one_run(s: Settings, rep: int, work: str, extra_env: dict[str, str]) -> dict
     watch.join()
     if rc != 0:
         raise RuntimeError(f"run {rep} failed (exit {rc}); see {work}/run-{rep}.log")
-    from ray_ddp.timeline import read
+    from ray_ddp.io.timeline import read
 
     events = [(launch, "launch")]
     seen = set()

@@ -33,7 +33,7 @@ import torch.nn.functional as F  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 from torch.utils.data import DataLoader, DistributedSampler  # noqa: E402
 
-from ray_ddp.comm_stats import attach_counter  # noqa: E402
+from ray_ddp.worker.comm_stats import attach_counter  # noqa: E402
 
 
 def main() -> None:

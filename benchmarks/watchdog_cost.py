@@ -39,7 +39,7 @@ RUN = {
 def calls_per_micro_batch_us() -> dict[str, float]:
     """Microseconds per micro-batch of the calls the loop makes: with a watchdog running,
     and without one (the functions return at once)."""
-    from ray_ddp import hang_watchdog as watch
+    from ray_ddp.reliability.hangs import watchdog as watch
 
     def one_micro_batch() -> None:
         watch.doing("training: waiting for data from the loader", slow=False)
@@ -60,7 +60,7 @@ def calls_per_micro_batch_us() -> dict[str, float]:
 
 
 def one_run(storage: str, name: str, hang_timeout: float | None) -> float:
-    from ray_ddp.trainer import fit
+    from ray_ddp.driver.run import fit
 
     summary = fit(
         "ray_ddp.image_classification:ImageClassification",

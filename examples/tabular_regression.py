@@ -46,8 +46,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from ray_ddp.config import ConfigError
-from ray_ddp.task import Sum, Task
+from ray_ddp import ConfigError, Sum, Task
 
 SPLITS = ("train", "val")
 READ_BATCH_ROWS = 65536

@@ -9,7 +9,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_ddp.cli import evaluate_main, exit_process  # noqa: E402
+from ray_ddp.driver.cli import evaluate_main, exit_process  # noqa: E402
 
 if __name__ == "__main__":
     exit_process(evaluate_main())

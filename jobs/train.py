@@ -11,7 +11,7 @@ import sys
 # Run from a checkout without installing: the library sits next to jobs/.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_ddp.cli import exit_process, train_main  # noqa: E402
+from ray_ddp.driver.cli import exit_process, train_main  # noqa: E402
 
 if __name__ == "__main__":
     exit_process(train_main())

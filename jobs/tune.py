@@ -10,7 +10,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_ddp.cli import exit_process, tune_main  # noqa: E402
+from ray_ddp.driver.cli import exit_process, tune_main  # noqa: E402
 
 if __name__ == "__main__":
     exit_process(tune_main())

@@ -52,15 +52,15 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# Imported when first used, so that ``import ray_ddp.config`` (the entry points' first
+# Imported when first used, so that ``import ray_ddp.config.train`` (the entry points' first
 # import, before bad flags are refused) does not import torch.
 _PUBLIC = {
-    "Task": "ray_ddp.task",
-    "Sum": "ray_ddp.task",
-    "TrainConfig": "ray_ddp.config",
-    "ConfigError": "ray_ddp.config",
-    "fit": "ray_ddp.trainer",
-    "load_model": "ray_ddp.checkpoint",
+    "Task": "ray_ddp.task.interface",
+    "Sum": "ray_ddp.task.interface",
+    "TrainConfig": "ray_ddp.config.train",
+    "ConfigError": "ray_ddp.config.train",
+    "fit": "ray_ddp.driver.run",
+    "load_model": "ray_ddp.checkpoint.format",
 }
 __all__ = sorted(_PUBLIC)
 

@@ -7,8 +7,8 @@ import threading
 from typing import Any
 
 from ray_ddp.config import TrainConfig
+from ray_ddp.driver.run import run_training
 from ray_ddp.testing.harness import Harness
-from ray_ddp.trainer import run_training
 
 
 class BackgroundRun:

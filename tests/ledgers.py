@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import torch
 
-from ray_ddp import storage
+from ray_ddp.io import storage
 from ray_ddp.testing.harness import Harness, Stall
 
 # 40 optimizer steps of 64 samples per epoch; a checkpoint every 10.

@@ -21,7 +21,7 @@ def serving() -> Iterator[str]:
     import pytest
     from moto.server import ThreadedMotoServer
 
-    from ray_ddp import storage
+    from ray_ddp.io import storage
 
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one line per request otherwise
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from ray_ddp.cli import train_main
+from ray_ddp.driver.cli import train_main
 
 pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 
@@ -210,7 +210,7 @@ def _standing_request(within_s: float = 10.0) -> list:
 def test_the_autoscaler_starts_the_workers_nodes_and_they_train(cluster, storage, monkeypatch):
     import ray
 
-    from ray_ddp import cluster as driver
+    from ray_ddp.cluster import resources as driver
 
     monkeypatch.setattr(driver, "PROGRESS_EVERY_S", 0.5)  # lines within the few seconds
     out = Stamped(sys.stdout)

@@ -27,8 +27,10 @@ from PIL import Image
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 
-from ray_ddp.attempts import last_attempt
-from ray_ddp.bad_samples import (
+from ray_ddp.config import TrainConfig
+from ray_ddp.data.loaders import SeededSamples
+from ray_ddp.data.order.global_order import GlobalOrderBatches
+from ray_ddp.data.unreadable import (
     BATCH,
     SKIPPED,
     BadSample,
@@ -43,17 +45,15 @@ from ray_ddp.bad_samples import (
     settle,
     take_skipped,
 )
-from ray_ddp.cli import train_main
-from ray_ddp.config import TrainConfig
-from ray_ddp.datasets import build_datasets
-from ray_ddp.global_order import GlobalOrderBatches
-from ray_ddp.loaders import SeededSamples
-from ray_ddp.loss_guard import LossGuard
-from ray_ddp.sharded_eval import ShardSampler, evaluate
-from ray_ddp.step_timing import StepTimer
-from ray_ddp.train_epoch import EpochTools, train_epoch
-from ray_ddp.train_state import EpochSums, TrainState
-from ray_ddp.trainer import run_training
+from ray_ddp.driver.cli import train_main
+from ray_ddp.driver.run import run_training
+from ray_ddp.image_classification.datasets import build_datasets
+from ray_ddp.reliability.attempts import last_attempt
+from ray_ddp.reliability.loss_guard import LossGuard
+from ray_ddp.worker.epoch import EpochTools, train_epoch
+from ray_ddp.worker.evaluate import ShardSampler, evaluate
+from ray_ddp.worker.state import EpochSums, TrainState
+from ray_ddp.worker.timing import StepTimer
 
 
 def _png(size: int = 32, seed: int = 0) -> bytes:
@@ -192,7 +192,7 @@ def test_a_loader_leaves_unreadable_samples_out_of_their_batch_and_names_them(tm
 
 
 def test_parquet_rows_are_named_by_file_and_row(tmp_path):
-    from ray_ddp.parquet_data import load
+    from ray_ddp.data.parquet import load
 
     root = str(tmp_path / "data")
     corrupt = _write_parquet(root, bad_train=(9,), bad_val=())
@@ -263,7 +263,7 @@ def test_settle_appends_every_epoch_and_stops_over_the_cap(tmp_path):
 
 
 def test_the_epoch_line_says_how_many_were_skipped():
-    from ray_ddp.reporting import epoch_line
+    from ray_ddp.io.reporting import epoch_line
 
     metrics = {"epoch": 2, "train_loss": 0.5, "val_acc": 0.9, "lr": 0.1, "samples_per_s": 9.0,
                "epoch_s": 1.0}  # fmt: skip
@@ -425,7 +425,7 @@ class _Failing(Dataset):
 
 def test_the_drivers_check_of_a_task_passes_over_unreadable_samples():
     from ray_ddp.config import ConfigError
-    from ray_ddp.task_check import dry_run
+    from ray_ddp.task.checks import dry_run
 
     cfg = TrainConfig(num_workers=1)
     assert dry_run(FirstUnreadable(), cfg, {}) == (16, 4)

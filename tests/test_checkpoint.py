@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ray_ddp.checkpoint import (
+from ray_ddp.checkpoint.format import (
     STATE_FILE,
     CheckpointError,
     check_compatible,
@@ -15,10 +15,10 @@ from ray_ddp.checkpoint import (
     task_meta,
 )
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
-from ray_ddp.models import build_model
-from ray_ddp.optim import build_optimizer, build_scheduler
-from ray_ddp.precision import grad_scaler
-from ray_ddp.train_state import TrainProgress, TrainState, unwrap
+from ray_ddp.image_classification.models import build_model
+from ray_ddp.worker.optim import build_optimizer, build_scheduler
+from ray_ddp.worker.precision import grad_scaler
+from ray_ddp.worker.state import TrainProgress, TrainState, unwrap
 
 META = task_meta(
     BUILTIN_TASK, {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}

@@ -20,8 +20,10 @@ import typing
 import pytest
 from formats import write_cifar10, write_imagefolder, write_parquet
 
-from ray_ddp import config
-from ray_ddp.cli import (
+from ray_ddp.config import SweepConfig, TrainConfig
+from ray_ddp.config import train as config
+from ray_ddp.config.fields import field_docs, field_groups, flag_of, from_args
+from ray_ddp.driver.cli import (
     evaluate_main,
     evaluate_parser,
     exit_code,
@@ -30,8 +32,6 @@ from ray_ddp.cli import (
     tune_main,
     tune_parser,
 )
-from ray_ddp.config import SweepConfig, TrainConfig
-from ray_ddp.flags import field_docs, field_groups, flag_of, from_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -288,7 +288,7 @@ def test_exit_codes_of_failed_training_and_of_a_bug(capsys):
 
 
 def test_ray_log_dedup_is_turned_off_by_running_a_job_not_by_importing(monkeypatch):
-    code = "import os, ray_ddp.cli; print(os.environ.get('RAY_DEDUP_LOGS'))"
+    code = "import os, ray_ddp.driver.cli; print(os.environ.get('RAY_DEDUP_LOGS'))"
     env = {k: v for k, v in os.environ.items() if k != "RAY_DEDUP_LOGS"}
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env

@@ -226,12 +226,12 @@ def _documented_jobs() -> list[list[str]]:
 
 
 def test_the_documented_jobs_ask_for_gpu_workers_the_gpu_nodes_can_hold():
-    from ray_ddp.autoscaling import types_from_launcher_config
-    from ray_ddp.cli import train_parser, tune_parser
-    from ray_ddp.cluster import worker_bundle
+    from ray_ddp.cluster.autoscaling import types_from_launcher_config
+    from ray_ddp.cluster.placement import unplaceable
+    from ray_ddp.cluster.resources import worker_bundle
     from ray_ddp.config import SweepConfig, TrainConfig, validate, validate_sweep
-    from ray_ddp.flags import from_args
-    from ray_ddp.placement import unplaceable
+    from ray_ddp.config.fields import from_args
+    from ray_ddp.driver.cli import train_parser, tune_parser
 
     cfg = prepared()
     for node in cfg["available_node_types"].values():

@@ -3,16 +3,10 @@ import re
 
 import pytest
 
-from ray_ddp.config import (
-    ConfigError,
-    SweepConfig,
-    TrainConfig,
-    global_batch,
-    validate,
-    validate_sweep,
-)
-from ray_ddp.flags import flag_of
-from ray_ddp.optim import default_warmup, lr_factor
+from ray_ddp.config.fields import flag_of
+from ray_ddp.config.sweep import SweepConfig, validate_sweep
+from ray_ddp.config.train import ConfigError, TrainConfig, global_batch, validate
+from ray_ddp.worker.optim import default_warmup, lr_factor
 
 
 def test_defaults_are_valid():

@@ -11,8 +11,8 @@ from formats import write_cifar10, write_imagefolder, write_mnist, write_parquet
 from PIL import Image
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.datasets import build_datasets, describe_dataset
-from ray_ddp.synthetic_data import make_synthetic
+from ray_ddp.image_classification.datasets import build_datasets, describe_dataset
+from ray_ddp.image_classification.synthetic import make_synthetic
 
 
 def test_builtin_dataset_is_deterministic_and_balanced():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ray_ddp.flops import peak_tflops, training_flops_per_sample, utilisation
+from ray_ddp.worker.flops import peak_tflops, training_flops_per_sample, utilisation
 
 
 class Regression:
@@ -57,7 +57,7 @@ def test_peaks_and_mfu():
 
 
 def test_the_epoch_line_and_the_summary_show_the_rate_and_mfu():
-    from ray_ddp import reporting
+    from ray_ddp.io import reporting
 
     metrics = {"epoch": 1, "train_loss": 1.0, "val_acc": 0.5, "lr": 1e-3,
                "samples_per_s": 3000.0, "epoch_s": 2.0}  # fmt: skip

@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from ray_ddp.global_order import EpochPlan, accumulation, busy_share
+from ray_ddp.data.order.global_order import EpochPlan, accumulation, busy_share
 
 # (training samples, per-worker batch, global batch, world sizes that keep it)
 CASES = [

@@ -15,14 +15,21 @@ import time
 
 import pytest
 
-from ray_ddp import hang_dump, reporting
-from ray_ddp.attempts import last_attempt, record_attempt
 from ray_ddp.config import TrainConfig
-from ray_ddp.hang_dump import HangSite, handle_hang, loading_frame, rank_report
-from ray_ddp.hang_report import hang_folder, hang_line, hang_signature, latest_hang, parse_header
-from ray_ddp.hang_settings import nccl_env, process_group_timeout_s
-from ray_ddp.hang_watchdog import AUTO_FLOOR_S, Stall, Watchdog
-from ray_ddp.step_timing import EpochTiming
+from ray_ddp.io import reporting
+from ray_ddp.reliability.attempts import last_attempt, record_attempt
+from ray_ddp.reliability.hangs import dump as hang_dump
+from ray_ddp.reliability.hangs.dump import HangSite, handle_hang, loading_frame, rank_report
+from ray_ddp.reliability.hangs.report import (
+    hang_folder,
+    hang_line,
+    hang_signature,
+    latest_hang,
+    parse_header,
+)
+from ray_ddp.reliability.hangs.settings import nccl_env, process_group_timeout_s
+from ray_ddp.reliability.hangs.watchdog import AUTO_FLOOR_S, Stall, Watchdog
+from ray_ddp.worker.timing import EpochTiming
 
 
 def watching(steady_s: float | None, grace_s: float, peer_check=None) -> tuple[Watchdog, list]:

@@ -12,10 +12,10 @@ import time
 import pytest
 from ledgers import EXACT_RUN, assert_same_weights, stalls
 
-from ray_ddp.checkpoint import load_state
-from ray_ddp.hang_report import parse_header
+from ray_ddp.checkpoint.format import load_state
+from ray_ddp.driver.run import TrainingHung, fit
+from ray_ddp.reliability.hangs.report import parse_header
 from ray_ddp.testing.harness import Harness, Stall
-from ray_ddp.trainer import TrainingHung, fit
 
 pytestmark = pytest.mark.ray
 

@@ -129,7 +129,7 @@ def test_a_task_module_of_your_own_travels_with_the_working_dir(head, tmp_path):
     project, storage = tmp_path / "project", tmp_path / "runs"
     project.mkdir()
     (project / "line_task.py").write_text(USER_TASK)
-    entry = "import sys; from ray_ddp.cli import train_main; sys.exit(train_main())"
+    entry = "import sys; from ray_ddp.driver.cli import train_main; sys.exit(train_main())"
     proc = subprocess.run(
         [RAY, "job", "submit", "--address", head, "--working-dir", str(project),
          "--", sys.executable, "-c", entry, "--task", "line_task:Line", "--epochs", "2",

@@ -12,10 +12,10 @@ from formats import write_imagefolder
 from torch.utils.data import DataLoader, Dataset
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.datasets import build_datasets
-from ray_ddp.global_order import GlobalOrderBatches
-from ray_ddp.loaders import SeededSamples
-from ray_ddp.seeding import sample_seed, seed_micro_batch
+from ray_ddp.data.loaders import SeededSamples
+from ray_ddp.data.order.global_order import GlobalOrderBatches
+from ray_ddp.image_classification.datasets import build_datasets
+from ray_ddp.worker.seeding import sample_seed, seed_micro_batch
 
 LARGE_SEED = 2**62
 
@@ -134,7 +134,7 @@ def test_fetching_a_sample_leaves_the_gpu_generators_alone(folder):
 
 
 def test_the_built_in_data_takes_any_seed_in_range():
-    from ray_ddp.synthetic_data import make_synthetic
+    from ray_ddp.image_classification.synthetic import make_synthetic
 
     train, _ = make_synthetic(2**63 - 1, 4, 4)
     assert len(train) == 4

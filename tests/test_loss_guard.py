@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ray_ddp.loss_guard import LossGuard, NonFiniteLossError, nonfinite_message
-from ray_ddp.optim import optimizer_step
+from ray_ddp.reliability.loss_guard import LossGuard, NonFiniteLossError, nonfinite_message
+from ray_ddp.worker.optim import optimizer_step
 
 
 def _setup(enabled: bool):
@@ -67,7 +67,8 @@ def test_the_deferred_guard_reports_the_first_bad_step_only_when_checked():
 def test_the_message_is_found_in_a_relayed_traceback():
     relayed = RuntimeError(
         "Traceback (most recent call last):\n  File x\n"
-        "ray_ddp.loss_guard.NonFiniteLossError: non-finite training loss at optimizer step 4"
+        "ray_ddp.reliability.loss_guard.NonFiniteLossError: non-finite training loss at "
+        "optimizer step 4"
     )
     assert nonfinite_message(relayed) == "non-finite training loss at optimizer step 4"
     assert nonfinite_message(RuntimeError("worker died")) is None
@@ -77,7 +78,7 @@ def test_the_controller_stops_on_the_workers_own_exception_objects():
     """Ray Train gives its callbacks each worker's exception object itself (not the
     relayed traceback text): a non-finite loss must be recognised in that form too, and
     a repeated error only when type, message and step all match."""
-    from ray_ddp.retry_policy import failure_signature, nonfinite_loss, note_step
+    from ray_ddp.reliability.retry_policy import failure_signature, nonfinite_loss, note_step
 
     assert nonfinite_loss(NonFiniteLossError("non-finite training loss at step 3")) == (
         "non-finite training loss at step 3"

@@ -9,7 +9,12 @@ import torch
 from torch import nn
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.models import BUILTIN_MODELS, build_model, check_model_name, needs_rgb
+from ray_ddp.image_classification.models import (
+    BUILTIN_MODELS,
+    build_model,
+    check_model_name,
+    needs_rgb,
+)
 
 NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 

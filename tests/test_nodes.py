@@ -25,9 +25,9 @@ import pytest
 from background import BackgroundRun
 from ledgers import EXACT_RUN, assert_every_sample_once, assert_same_weights, ledger, stalls
 
-from ray_ddp.checkpoint import load_state
-from ray_ddp.cli import evaluate_main, train_main
+from ray_ddp.checkpoint.format import load_state
 from ray_ddp.config import TrainConfig
+from ray_ddp.driver.cli import evaluate_main, train_main
 from ray_ddp.testing.harness import stall_marker
 
 pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]

@@ -65,10 +65,10 @@ import ray.train.torch
 ray.train.torch.prepare_data_loader = lambda loader, **options: loader
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.image_classification import ImageClassification
+from ray_ddp.image_classification.task import ImageClassification
 from ray_ddp.testing.harness import NONE
-from ray_ddp.train_worker import build_worker_data
-from ray_ddp.worker import Worker
+from ray_ddp.worker.loop import build_worker_data
+from ray_ddp.worker.identity import Worker
 
 
 def status_mb(field):

@@ -13,11 +13,11 @@ import pytest
 from formats import write_parquet_shards
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.datasets import build_datasets, describe_dataset
-from ray_ddp.global_order import EpochPlan
-from ray_ddp.parquet_stream import READ_AHEAD, SplitLayout, StreamingParquet, live_groups
-from ray_ddp.stream_order import streaming_order
-from ray_ddp.stream_samplers import StreamedBatches, StreamedShard
+from ray_ddp.data.order.global_order import EpochPlan
+from ray_ddp.data.order.stream_samplers import StreamedBatches, StreamedShard
+from ray_ddp.data.order.streamed import streaming_order
+from ray_ddp.data.parquet_stream import READ_AHEAD, SplitLayout, StreamingParquet, live_groups
+from ray_ddp.image_classification.datasets import build_datasets, describe_dataset
 
 SIZES = (16, 16, 9, 16, 16, 5, 16, 16, 16, 10)  # ten row groups, some short
 

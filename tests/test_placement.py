@@ -12,15 +12,13 @@ import time
 
 import pytest
 
-from ray_ddp.autoscaling import (
+from ray_ddp.cluster.autoscaling import (
     UNLIMITED,
     monitor_config_path,
     types_from_cluster_config,
     types_from_launcher_config,
 )
-from ray_ddp.cluster import ClusterView, choose_workers, wait_for_nodes
-from ray_ddp.config import ConfigError, TrainConfig, parse_resources, validate
-from ray_ddp.placement import (
+from ray_ddp.cluster.placement import (
     Nodes,
     capacity,
     cpus_that_fit,
@@ -30,6 +28,8 @@ from ray_ddp.placement import (
     unplaceable,
     worker_text,
 )
+from ray_ddp.cluster.resources import ClusterView, choose_workers, wait_for_nodes
+from ray_ddp.config.train import ConfigError, TrainConfig, parse_resources, validate
 
 GPU_NODE = {"CPU": 48.0, "GPU": 4.0, "memory": 1e11}  # a g5.12xlarge
 HEAD = {"CPU": 8.0, "memory": 3e10}

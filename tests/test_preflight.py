@@ -9,11 +9,11 @@ import time
 import pytest
 from formats import write_imagefolder
 
-from ray_ddp.cli import train_main
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.model_probe import check_model_runs
-from ray_ddp.models import BUILTIN_MODELS, check_model_name
-from ray_ddp.preflight import preflight
+from ray_ddp.driver.cli import train_main
+from ray_ddp.driver.preflight import preflight
+from ray_ddp.image_classification.models import BUILTIN_MODELS, check_model_name
+from ray_ddp.image_classification.probe import check_model_runs
 
 
 @pytest.fixture(scope="module")

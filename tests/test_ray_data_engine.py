@@ -1,4 +1,4 @@
-"""``--data-engine ray``: Ray Data reads, decodes and streams (ray_ddp.ray_data_engine).
+"""``--data-engine ray``: Ray Data reads, decodes and streams (ray_ddp.data.ray_data.engine).
 
 Fast tests check the pieces without Ray (refusals, decoding and skipping, the slots made
 from a stream); one Ray Data pass without a trainer checks the split guarantees row by
@@ -21,10 +21,9 @@ import torch
 from formats import class_image, png_bytes
 from PIL import Image
 
-from ray_ddp.bad_samples import BATCH, SKIPPED
-from ray_ddp.cluster import ClusterView
+from ray_ddp.cluster.resources import ClusterView
 from ray_ddp.config import ConfigError, TrainConfig, validate
-from ray_ddp.ray_data_engine import (
+from ray_ddp.data.ray_data.engine import (
     Decode,
     SplitBuilder,
     Splits,
@@ -34,6 +33,7 @@ from ray_ddp.ray_data_engine import (
     split_items,
     unreadable_actor,
 )
+from ray_ddp.data.unreadable import BATCH, SKIPPED
 
 TASK = "ray_ddp.image_classification:ImageClassification"
 SIZE = 16
@@ -99,8 +99,8 @@ def test_what_the_ray_engine_cannot_do_is_refused_before_any_cluster_work(tmp_pa
 
 
 def test_a_tests_sample_ledger_is_refused_before_any_cluster_work(tmp_path):
+    from ray_ddp.driver.run import run_training
     from ray_ddp.testing.harness import Harness
-    from ray_ddp.trainer import run_training
 
     with pytest.raises(ConfigError, match="sample ledger needs sample indices"):
         run_training(ray_cfg(str(tmp_path)), harness=Harness(sample_ledger=True))
@@ -114,7 +114,7 @@ def test_workers_must_leave_cpus_for_ray_data():
     assert data_task_cpus(ray_cfg("/data"), ClusterView(up=[{"CPU": 2.0}])) == 1.0
     assert data_task_cpus(ray_cfg("/data", cpus_per_worker=0.75), ClusterView([{"CPU": 2}])) == 0.5
     # An autoscaler that can add nodes: asked for them rather than refused.
-    from ray_ddp.placement import Nodes
+    from ray_ddp.cluster.placement import Nodes
 
     view = ClusterView(up=[{"CPU": 2.0}], node_types=[Nodes({"CPU": 8.0})])
     assert data_task_cpus(cfg, view) == 1.0
@@ -282,8 +282,8 @@ def test_parquet_trains_evaluates_exactly_and_resumes_by_restarting_the_epoch(
     2 and re-run restarts that epoch (the whole epoch trained once, its steps counted
     once); every epoch trains (N - unreadable) // 2 rows per rank and evaluates every
     readable validation row once; unreadable rows are named per epoch; it learns."""
-    from ray_ddp.bad_samples import read_rows
-    from ray_ddp.trainer import fit
+    from ray_ddp.data.unreadable import read_rows
+    from ray_ddp.driver.run import fit
 
     data = str(tmp_path / "data")
     write_parquet_split(data, 301, {5: b"not an image", 200: b"\x89PNG\r\n\x1a\n.."}, seed=3)
@@ -321,8 +321,8 @@ def test_parquet_trains_evaluates_exactly_and_resumes_by_restarting_the_epoch(
 def test_the_evaluation_loader_hands_over_unreadable_rows_as_records():
     """The evaluation loader hands rank 0's unreadable rows over in the records form
     ``bad_samples.take_skipped`` reads (a batch of none)."""
-    from ray_ddp.bad_samples import BadSample, take_skipped
-    from ray_ddp.ray_data_engine import EvalBatches
+    from ray_ddp.data.ray_data.engine import EvalBatches
+    from ray_ddp.data.unreadable import BadSample, take_skipped
 
     record = BadSample(7, "val.parquet row 7", "UnidentifiedImageError: x")
     loader = EvalBatches(FakeShard(5), 4, False, lambda split: [record])

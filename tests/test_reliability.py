@@ -29,12 +29,12 @@ import torch
 from ledgers import EXACT_FLAGS, STEPS_PER_EPOCH, stalls
 from ray.train import ControllerError, TrainingFailedError
 
-from ray_ddp.checkpoint import load_state
-from ray_ddp.cli import train_main
+from ray_ddp.checkpoint.format import load_state
 from ray_ddp.config import TrainConfig
-from ray_ddp.retry_policy import RepeatedFailureError
+from ray_ddp.driver.cli import train_main
+from ray_ddp.driver.run import fit
+from ray_ddp.reliability.retry_policy import RepeatedFailureError
 from ray_ddp.testing.harness import stall_marker
-from ray_ddp.trainer import fit
 
 pytestmark = pytest.mark.ray
 

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.flags import flag_of
-from ray_ddp.rerun_guard import RECORD_FILE, RESUME_SAFE, check_rerun, write_record
+from ray_ddp.config.fields import flag_of
+from ray_ddp.driver.rerun_guard import RECORD_FILE, RESUME_SAFE, check_rerun, write_record
 
 
 def test_rerun_may_extend_and_relocate_but_not_change_training(tmp_path):

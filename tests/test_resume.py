@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.models import build_model
-from ray_ddp.optim import build_optimizer, build_scheduler, lr_factor
-from ray_ddp.precision import grad_scaler
-from ray_ddp.resume import Restored, restore_training
-from ray_ddp.train_state import TrainProgress, TrainState
-from ray_ddp.worker import Worker
+from ray_ddp.image_classification.models import build_model
+from ray_ddp.worker.identity import Worker
+from ray_ddp.worker.optim import build_optimizer, build_scheduler, lr_factor
+from ray_ddp.worker.precision import grad_scaler
+from ray_ddp.worker.resume import Restored, restore_training
+from ray_ddp.worker.state import TrainProgress, TrainState
 
 STEPS_PER_EPOCH = 10
 

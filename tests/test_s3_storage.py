@@ -20,10 +20,10 @@ import pytest
 import s3server
 import torch
 
-from ray_ddp import storage
-from ray_ddp.checkpoint import CheckpointError
+from ray_ddp.checkpoint.format import CheckpointError
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.run_logs import METRICS_CSV, RunLogs, read_metrics
+from ray_ddp.io import storage
+from ray_ddp.io.run_logs import METRICS_CSV, RunLogs, read_metrics
 
 BUCKET = s3server.BUCKET  # on the session's S3 server (conftest.s3)
 
@@ -132,7 +132,7 @@ def test_a_restarted_run_keeps_every_metrics_row_and_earlier_event_files(s3, mon
 
 
 def test_run_record_on_s3_refuses_another_config(s3):
-    from ray_ddp.rerun_guard import check_rerun, record_path, write_record
+    from ray_ddp.driver.rerun_guard import check_rerun, record_path, write_record
 
     cfg = TrainConfig(storage_path=f"s3://{BUCKET}/records", name="run", lr=0.5)
     check_rerun(cfg)  # nothing recorded yet
@@ -149,7 +149,7 @@ def test_a_sweep_under_an_existing_name_on_s3_is_refused(s3, capsys, marker):
     """A sweep "exists" on an object store when anything lies under its prefix (Tune's
     state, results.csv, a trial's checkpoint, or an empty directory marker): refused with
     one line, exit 2, before Ray or any trial starts, and nothing is written."""
-    from ray_ddp.cli import tune_main
+    from ray_ddp.driver.cli import tune_main
 
     sweep_dir = f"s3://{BUCKET}/sweeps/old-{marker}"
     if marker == "object":
@@ -176,7 +176,7 @@ def _fake_checkpoint(directory) -> None:
 
 
 def test_resume_from_reads_a_checkpoint_uri(s3, tmp_path):
-    from ray_ddp.preflight import load_checkpoint_state
+    from ray_ddp.driver.preflight import load_checkpoint_state
 
     _fake_checkpoint(tmp_path / "ckpt")
     uri = f"s3://{BUCKET}/resume/run/checkpoint_1"
@@ -190,8 +190,8 @@ def test_resume_from_reads_a_checkpoint_uri(s3, tmp_path):
 def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, tmp_path):
     """On more than one node a worker may not see the driver's --resume-from path: it is
     copied into the run's storage, which every node sees. On one node it stays."""
-    from ray_ddp.preflight import load_checkpoint_state
-    from ray_ddp.trainer import shared_resume_from
+    from ray_ddp.driver.preflight import load_checkpoint_state
+    from ray_ddp.driver.run import shared_resume_from
 
     _fake_checkpoint(tmp_path / "checkpoint_7")
     cfg = TrainConfig(resume_from=str(tmp_path / "checkpoint_7"))
@@ -207,7 +207,7 @@ def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, 
 def test_predictions_are_written_to_a_uri(s3):
     import pyarrow.parquet as pq
 
-    from ray_ddp.evaluate_job import write_predictions
+    from ray_ddp.driver.evaluate import write_predictions
 
     uri = f"s3://{BUCKET}/eval/preds.parquet"
     write_predictions([(0, 1, 0.5), (1, 2, 0.25)], ["predicted", "confidence"], uri)
@@ -218,7 +218,7 @@ def test_predictions_are_written_to_a_uri(s3):
 def test_fp16_is_not_refused_in_a_submitted_job(monkeypatch):
     """Inside ``ray job submit`` (RAY_ADDRESS set) the driver runs on the head, which may
     have no GPU while the cluster's workers do: the cluster decides, not this machine."""
-    from ray_ddp.preflight import preflight
+    from ray_ddp.driver.preflight import preflight
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     cfg = TrainConfig(amp="fp16", train_samples=200, val_samples=50)
@@ -258,8 +258,8 @@ def s3_runs(s3, ray_session, s3_shards):
     step 20, inside epoch 2 (step 5 of 15), and which --max-failures restarts from there."""
     from ledgers import LEDGER
 
+    from ray_ddp.driver.run import run_training
     from ray_ddp.testing.harness import Harness, Stall
-    from ray_ddp.trainer import run_training
 
     cfg = TrainConfig(
         **STREAMED, data_dir=s3_shards, storage_path=f"s3://{BUCKET}/runs", name="straight"
@@ -305,7 +305,7 @@ def test_a_run_on_s3_writes_everything_and_a_restart_keeps_the_history(s3_runs):
 def test_streamed_shards_on_s3_every_row_once_and_a_killed_run_resumes_to_the_bit(s3_runs):
     from ledgers import assert_every_sample_once, ledger
 
-    from ray_ddp.checkpoint import load_state
+    from ray_ddp.checkpoint.format import load_state
 
     _, straight, killed = s3_runs
     for summary in (straight, killed):
@@ -326,8 +326,8 @@ def test_resume_from_a_checkpoint_uri_into_a_new_name_with_new_flags(s3, s3_runs
     R2 without AWS_ENDPOINT_URL): the flags' values are used (not the checkpoint's), the
     schedule continues at 2 of 3 epochs at this world size, so it ends at its floor with
     epoch 3, and every path keeps the URI's options, workers' logs included."""
-    from ray_ddp.checkpoint import load_model, load_state
-    from ray_ddp.trainer import run_training
+    from ray_ddp.checkpoint.format import load_model, load_state
+    from ray_ddp.driver.run import run_training
 
     cfg, straight, _ = s3_runs
     options = f"?endpoint_override={s3}&scheme=http"
@@ -354,7 +354,7 @@ def test_resume_from_a_checkpoint_uri_into_a_new_name_with_new_flags(s3, s3_runs
 @pytest.mark.ray
 def test_evaluate_a_checkpoint_uri(s3_runs, capsys):
     """jobs/evaluate.py s3://.../checkpoint_...: the run's own figures; results to S3."""
-    from ray_ddp.cli import evaluate_main
+    from ray_ddp.driver.cli import evaluate_main
 
     _, straight, _ = s3_runs
     results_uri = f"s3://{BUCKET}/eval/results.json"
@@ -379,8 +379,8 @@ def test_a_sweep_of_the_tabular_example_on_s3_ranks_by_mae_and_its_name_is_then_
     land on S3 and the best checkpoint is a full URI; the same --name again is refused."""
     from examples.make_tabular_data import write_friedman
     from examples.tabular_regression import TabularMLP
-    from ray_ddp.checkpoint import load_model
-    from ray_ddp.cli import tune_main
+    from ray_ddp.checkpoint.format import load_model
+    from ray_ddp.driver.cli import tune_main
 
     data = str(tmp_path / "friedman")
     write_friedman(data, train_rows=4000, val_rows=1000, noise=1.0, seed=0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 from ray.air.result import Result
 
-from ray_ddp.sweep_results import results_table, trial_row
+from ray_ddp.driver.sweep_results import results_table, trial_row
 
 CONFIG = {
     "lr": 0.01,

@@ -9,12 +9,17 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ray_ddp.cli import train_main
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.optim import apply_hyperparameters, build_optimizer, build_scheduler, hyperparameters
-from ray_ddp.preflight import preflight
-from ray_ddp.sharded_eval import evaluate
+from ray_ddp.driver.cli import train_main
+from ray_ddp.driver.preflight import preflight
 from ray_ddp.task import Sum, Task
+from ray_ddp.worker.evaluate import evaluate
+from ray_ddp.worker.optim import (
+    apply_hyperparameters,
+    build_optimizer,
+    build_scheduler,
+    hyperparameters,
+)
 
 BROKEN = [
     ("no_such_module_xyz:Task", "cannot import no_such_module_xyz (ModuleNotFoundError"),
@@ -64,7 +69,7 @@ def test_a_working_task_passes_with_its_sizes_and_a_named_instance_keeps_its_set
 def test_a_task_object_is_recorded_by_the_name_it_is_found_at():
     import broken_tasks
 
-    from ray_ddp.task_check import spec_of
+    from ray_ddp.task.checks import spec_of
 
     assert spec_of(broken_tasks.WIDE) == "broken_tasks:WIDE"  # the instance, with its width
     assert spec_of(broken_tasks.Good()) == "broken_tasks:Good"

@@ -9,14 +9,14 @@ import pytest
 import torch
 from formats import write_imagefolder
 
-from ray_ddp.checkpoint import load_model, load_state
+from ray_ddp.checkpoint.format import load_model, load_state
 from ray_ddp.config import TrainConfig
-from ray_ddp.datasets import build_datasets
-from ray_ddp.image_classification import ImageClassification
-from ray_ddp.models import build_model
-from ray_ddp.run_logs import read_metrics
-from ray_ddp.sharded_eval import evaluate
-from ray_ddp.trainer import run_training
+from ray_ddp.driver.run import run_training
+from ray_ddp.image_classification.datasets import build_datasets
+from ray_ddp.image_classification.models import build_model
+from ray_ddp.image_classification.task import ImageClassification
+from ray_ddp.io.run_logs import read_metrics
+from ray_ddp.worker.evaluate import evaluate
 
 pytestmark = pytest.mark.ray
 
@@ -51,7 +51,7 @@ def first_run(ray_session, tmp_path_factory):
 def test_a_local_run_starts_only_the_actors_it_uses(first_run):
     """Ray Train's DatasetManager (no Ray Data here) and PlacementGroupCleaner (the Ray
     this process started ends with it) are left out: each is a process importing Ray
-    Train, seconds of CPU on 2 cores (ray_ddp/lean_trainer.py)."""
+    Train, seconds of CPU on 2 cores (ray_ddp/compat/lean_trainer.py)."""
     started = {
         name: count - ACTORS["before"].get(name, 0)
         for name, count in ACTORS["after"].items()
@@ -140,7 +140,7 @@ def test_evaluate_job_matches_the_training_validation(first_run, storage):
 
     import pyarrow.parquet as pq
 
-    from ray_ddp.cli import evaluate_main
+    from ray_ddp.driver.cli import evaluate_main
 
     _, summary = first_run
     predictions, results_json = os.path.join(storage, "p.parquet"), os.path.join(storage, "r.json")
@@ -261,7 +261,7 @@ def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(first_run, r
     next re-run resumes from the newest older one that reads, never from scratch."""
     import pyarrow.fs
 
-    from ray_ddp.storage import list_checkpoints
+    from ray_ddp.io.storage import list_checkpoints
 
     cfg, _ = first_run
     latest = rerun["latest_checkpoint"]

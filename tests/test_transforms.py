@@ -9,13 +9,13 @@ import torch
 from formats import write_imagefolder
 from PIL import Image
 
-from ray_ddp.cli import train_main, train_parser
-from ray_ddp.config import AUGMENT_POLICIES, DATASETS, TrainConfig
-from ray_ddp.datasets import build_datasets
-from ray_ddp.flags import field_docs, from_args, resume_safe_fields
-from ray_ddp.loaders import SeededSamples
-from ray_ddp.rerun_guard import config_changes
-from ray_ddp.transforms import (
+from ray_ddp.config.fields import field_docs, from_args, resume_safe_fields
+from ray_ddp.config.train import AUGMENT_POLICIES, DATASETS, TrainConfig
+from ray_ddp.data.loaders import SeededSamples
+from ray_ddp.driver.cli import train_main, train_parser
+from ray_ddp.driver.rerun_guard import config_changes
+from ray_ddp.image_classification.datasets import build_datasets
+from ray_ddp.image_classification.transforms import (
     DEFAULT_AUGMENT,
     GENERIC_STATS,
     MNIST_STATS,

@@ -14,11 +14,11 @@ import time
 import pytest
 import torch
 
-from ray_ddp.checkpoint import load_model
-from ray_ddp.cli import tune_main
+from ray_ddp.checkpoint.format import load_model
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig
-from ray_ddp.sweep_results import trial_lr
-from ray_ddp.tune import plan_concurrency
+from ray_ddp.driver.cli import tune_main
+from ray_ddp.driver.sweep_results import trial_lr
+from ray_ddp.driver.tune import plan_concurrency
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

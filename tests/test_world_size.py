@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from ray_ddp.cli import train_config, train_parser, tune_main
 from ray_ddp.config import ConfigError, TrainConfig, validate
-from ray_ddp.world_size import keep_global_batch, scaling_workers
+from ray_ddp.driver.cli import train_config, train_parser, tune_main
+from ray_ddp.driver.elastic import keep_global_batch, scaling_workers
 
 
 def _parsed(*argv: str) -> TrainConfig:

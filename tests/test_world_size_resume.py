@@ -18,12 +18,12 @@ import torch
 from ledgers import EXACT_RUN, LEDGER, assert_every_sample_once, assert_same_weights, ledger
 from ray.train import ControllerError
 
-from ray_ddp.attempts import last_attempt
-from ray_ddp.checkpoint import load_state
-from ray_ddp.loss_guard import NonFiniteLossError
-from ray_ddp.storage import list_checkpoints
+from ray_ddp.checkpoint.format import load_state
+from ray_ddp.driver.run import fit
+from ray_ddp.io.storage import list_checkpoints
+from ray_ddp.reliability.attempts import last_attempt
+from ray_ddp.reliability.loss_guard import NonFiniteLossError
 from ray_ddp.testing.harness import Harness
-from ray_ddp.trainer import fit
 
 pytestmark = pytest.mark.ray
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from ray_ddp.storage import exists, join, write_bytes
+from ray_ddp.io.storage import exists, join, write_bytes
 
 ENV = "RAY_DDP_HARNESS"
 

@@ -1,0 +1,148 @@
+"""What a checkpoint holds, and how it is written and read (no Ray here).
+
+A checkpoint is a directory with one file, ``state.pt``: the unwrapped model's
+``state_dict`` (no ``module.`` prefixes, loads into a plain model), the optimizer,
+GradScaler and LR-scheduler states, training progress (the data position in samples of
+the epoch's order, which any world size resumes from), the world size it was saved at,
+every rank's sums of a partial epoch, the config that produced it, and the task that
+builds the model with the facts it was built from (``task_meta``). It is always read
+with ``torch.load(weights_only=True)``: only tensors and plain Python values, never
+arbitrary pickled code.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from typing import Any
+
+import torch
+
+from ray_ddp.io.storage import atomic_path
+from ray_ddp.worker.state import EpochSums, TrainState, unwrap
+
+STATE_FILE = "state.pt"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used, with the reason."""
+
+
+# ------------------------------------------------------------------ save / load
+def save_state(
+    directory: str,
+    state: TrainState,
+    *,
+    config: dict[str, Any],
+    task_meta: dict[str, Any],
+    world_size: int,
+    epoch_partial: list[EpochSums] | None = None,
+) -> str:
+    """Write ``directory/state.pt`` completely or not at all (temp file, then rename).
+
+    ``epoch_partial`` is every rank's sums of the epoch so far, for a mid-epoch
+    checkpoint, so the resumed epoch reports the same training loss (at any world size:
+    only their totals matter)."""
+    partial = epoch_partial or []
+    os.makedirs(directory, exist_ok=True)
+    saved = {
+        "format_version": FORMAT_VERSION,
+        "model": unwrap(state.model).state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "scaler": state.scaler.state_dict(),
+        "progress": asdict(state.progress),
+        "config": config,
+        "task_meta": task_meta,
+        "world_size": world_size,
+        "epoch_partial": [[s.loss_sum, s.samples] for s in partial],
+    }
+    ledgers = [s.ledger for s in partial if s.ledger is not None]
+    if ledgers:  # --sample-ledger, a testing aid
+        saved["ledger"] = [list(row) for ledger in ledgers for row in ledger]
+    path = os.path.join(directory, STATE_FILE)
+    with atomic_path(path) as tmp:
+        torch.save(saved, tmp)
+    return path
+
+
+def load_state(directory: str) -> dict[str, Any]:
+    """Read a checkpoint directory written by :func:`save_state`, onto the CPU."""
+    path = os.path.join(directory, STATE_FILE)
+    if not os.path.isfile(path):
+        raise CheckpointError(f"{directory} is not a ray_ddp checkpoint (no {STATE_FILE})")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, corrupt, or not a torch file at all
+        first_sentence = str(exc).split(". ")[0]  # torch appends a paragraph of advice
+        raise CheckpointError(f"cannot read {path}: {first_sentence}") from exc
+    if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path} is not a ray_ddp checkpoint of format {FORMAT_VERSION}")
+    return state
+
+
+def task_meta(task_spec: str, facts: dict[str, Any]) -> dict[str, Any]:
+    """What a checkpoint records about its model: the task that builds it and the facts it
+    was built from (what a resume is checked against, and how evaluation rebuilds it)."""
+    return {"task": task_spec, "facts": facts}
+
+
+def saved_task_meta(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's task meta; those written before tasks existed hold the image
+    classifier's facts under ``model_meta``."""
+    if "task_meta" in state:
+        return state["task_meta"]
+    from ray_ddp.config import BUILTIN_TASK
+
+    return task_meta(BUILTIN_TASK, dict(state.get("model_meta", {})))
+
+
+def check_compatible(state: dict[str, Any], meta: dict[str, Any], source: str) -> None:
+    """Refuse a checkpoint of another task, or whose model was built from other facts."""
+    saved = saved_task_meta(state)
+    if saved["task"] != meta["task"]:
+        raise CheckpointError(
+            f"{source} was saved by task {saved['task']}, this run's is {meta['task']}; "
+            "use a matching --task or a fresh --name"
+        )
+    facts = meta["facts"]
+    for key, value in saved["facts"].items():
+        if key in facts and list_or(value) != list_or(facts[key]):
+            raise CheckpointError(
+                f"{source} was saved with {key}={value}, this run has {key}={facts[key]}; "
+                "use matching flags and data, or a fresh --name"
+            )
+
+
+def list_or(value: Any) -> Any:
+    return list(value) if isinstance(value, (tuple, list)) else value
+
+
+def load_model(directory: str, task: Any = None) -> torch.nn.Module:
+    """A plain (unwrapped, non-distributed) model with the checkpoint's weights, in eval
+    mode, for evaluation or inference without Ray. ``directory`` is a local path or a
+    storage URI (``s3://...``: downloaded to a temporary directory first). ``task``: the
+    Task that trained it (default: the one the checkpoint names, imported)."""
+    from ray_ddp.io.storage import is_uri, local_copy
+    from ray_ddp.task.checks import load_task
+
+    if is_uri(directory):
+        with local_copy(directory) as local:
+            return load_model(local, task)
+
+    state = load_state(directory)
+    meta = saved_task_meta(state)
+    task = task if task is not None else load_task(meta["task"])
+    model = task.model(saved_config(state), meta["facts"])
+    model.load_state_dict(state["model"])
+    return model.eval()
+
+
+def saved_config(state: dict[str, Any]) -> Any:
+    """The TrainConfig a checkpoint was trained with (fields unknown to this version are
+    dropped: a checkpoint of an older or newer ray_ddp still loads)."""
+    from ray_ddp.config import TrainConfig
+
+    known = TrainConfig.__dataclass_fields__
+    return TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})

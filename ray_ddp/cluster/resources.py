@@ -1,0 +1,369 @@
+"""The driver's side of Ray: connect, size the request against the cluster, check that
+the storage is shared, in one pipeline that training, tuning and evaluation all go through.
+
+Ray itself would leave an unplaceable request pending forever; here the workers are
+counted onto the nodes one by one (``placement``): a request no node arrangement can hold
+fails at once, one that needs more nodes fails at once too unless ``--wait-for-resources``
+allows time, during which the cluster's autoscaler (``autoscaling``) is asked for the
+workers' nodes, and one that fits the nodes but not what is free now waits a bounded time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ray_ddp.cluster.autoscaling import asking_for, autoscaler_node_types
+from ray_ddp.cluster.placement import (
+    Nodes,
+    capacity,
+    nodes_text,
+    progress_line,
+    unplaceable,
+    worker_text,
+    workers_text,
+)
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.driver.preflight import PreparedTask, check_batch_fits, preflight
+from ray_ddp.io.storage import is_uri, storage_location
+from ray_ddp.io.timeline import mark
+from ray_ddp.task import Task
+
+DEFAULT_CPU_WORKERS = 2
+RESOURCE_POLL_S = 2.0
+FREE_POLL_S = 0.1
+"""How often the driver looks again while resources it fits in are held: usually by the
+placement group of a run that has just ended, released within a second (polling every
+2 s cost each run started right after another 1 s on average)."""
+PROGRESS_EVERY_S = 10.0  # a waiting driver's progress lines, not one per poll
+# A request for nodes outlives the wait by this much only if the driver dies (it is
+# withdrawn when the wait ends); by then the Train controller has made its own.
+REQUEST_GRACE_S = 60.0
+
+# A Ray started by this process for itself (not a cluster it joins) runs beside the
+# workers on the same cores: the background work that only clusters need is switched off.
+# Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
+# and the first step 2 s sooner (2 runs each). The dashboard is left out too (see connect),
+# and so are Ray Train's helper actors (lean_trainer, which also keeps these variables from
+# the workers' runtime environment).
+QUIET_LOCAL_RAY = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
+    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
+    "RAY_USAGE_STATS_ENABLED": "0",  # usage telemetry at start-up
+}
+
+
+def prepare_cluster_run(
+    cfg: TrainConfig,
+    batch_sizes: Sequence[int] = (),
+    task: Task | None = None,
+    dashboard: bool = False,
+) -> tuple[TrainConfig, PreparedTask]:
+    """Preflight (of ``task``, else the one ``cfg.task`` names), connect, resolve the
+    workers, re-check the batch now that the worker count is known, and make the storage
+    absolute and shared; ``dashboard``: a local Ray must start its dashboard (a sweep
+    needs its State API, see :func:`connect`). Returns the resolved config
+    (``num_workers`` and ``use_gpu`` set, ``storage_path`` absolute or a URI) and the
+    checked task."""
+    prepared = preflight(cfg, batch_sizes, task)
+    mark("task and data checked")
+    connect(cfg.address, dashboard)
+    mark("Ray connected")
+    cfg = resolve_scaling(cfg)
+    for batch_size in batch_sizes or [cfg.batch_size]:
+        check_batch_fits(cfg, prepared.train_size, batch_size)
+    cfg = dataclasses.replace(cfg, storage_path=storage_location(cfg.storage_path))
+    check_shared_storage(cfg.storage_path)
+    return cfg, prepared
+
+
+def connect(address: str | None, dashboard: bool = False) -> None:
+    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray.
+
+    A local Ray for one run starts without its dashboard: nothing in a run reads it once
+    Ray Train's PlacementGroupCleaner is left out (``lean_trainer``), and it is a process
+    tree of its own that starts with Ray and takes CPU beside the workers.
+    ``dashboard=True`` (a sweep: Tune's trials clean up through its State API) or
+    ``RAY_DDP_DASHBOARD=1`` (to watch a local run at http://127.0.0.1:8265) keep it."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        return
+    for key, value in QUIET_LOCAL_RAY.items():
+        os.environ.setdefault(key, value)  # the user's own setting wins
+    dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
+    ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
+
+
+def worker_resources(cfg: TrainConfig) -> dict[str, float]:
+    """One worker's resources for Ray Train's ``ScalingConfig(resources_per_worker=...)``:
+    its CPUs and the extra resources asked for (the GPU comes from ``use_gpu``)."""
+    return {"CPU": cfg.cpus_per_worker, **(cfg.resources_per_worker or {})}
+
+
+def worker_bundle(cfg: TrainConfig) -> dict[str, float]:
+    """Everything one worker holds on its node, the GPU included."""
+    return {**worker_resources(cfg), **({"GPU": 1.0} if cfg.use_gpu else {})}
+
+
+@dataclass(frozen=True)
+class ClusterView:
+    """What the driver knows about where workers can go."""
+
+    up: list[dict[str, float]]
+    """The total resources of each node that is up."""
+    node_types: list[Nodes] | None = None
+    """The node shapes the cluster's autoscaler may start and how many of each; None when
+    no autoscaler's node types are visible from here (there may be none)."""
+    max_nodes: int | None = None
+    """The autoscaler's cap on worker nodes, when known."""
+
+    def total(self, name: str) -> float:
+        return sum(node.get(name, 0.0) for node in self.up)
+
+    @property
+    def gpu_types(self) -> bool:
+        """The autoscaler is known to have a node type with GPUs."""
+        return any(t.resources.get("GPU", 0) > 0 for t in self.node_types or [])
+
+
+def read_cluster() -> ClusterView:
+    """The nodes up, and the node types an autoscaler may add (when visible)."""
+    types, max_nodes = autoscaler_node_types()
+    return ClusterView(nodes_up(), types, max_nodes)
+
+
+def nodes_up() -> list[dict[str, float]]:
+    """The total resources of each node that is up."""
+    import ray
+
+    return [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
+
+
+def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
+    """Fill in num_workers and use_gpu from the cluster, refuse what cannot be placed, and
+    wait (a bounded time) for the nodes of what can."""
+    view = read_cluster()
+    cfg = choose_workers(cfg, view)
+    # An elastic run needs its MIN workers to start; Ray Train starts it on as many as
+    # fit, up to MAX, and asks an autoscaler for the rest.
+    needed = dataclasses.replace(cfg, num_workers=cfg.worker_range[0])
+    wait_for_nodes(needed, view)
+    wait_until_free(needed)
+    return cfg
+
+
+def _joined_cluster(cfg: TrainConfig) -> bool:
+    return bool(cfg.address or os.environ.get("RAY_ADDRESS"))
+
+
+def choose_workers(cfg: TrainConfig, view: ClusterView) -> TrainConfig:
+    """The GPU rule and the worker count. ``--use-gpu``/``--no-gpu`` decide. Auto: GPU
+    workers if GPUs are up or the cluster's autoscaler has a node type with GPUs; else CPU
+    workers, said in one line on a cluster joined by address (never a silent CPU run
+    where GPU nodes could be had)."""
+    gpus = int(view.total("GPU"))
+    use_gpu = cfg.use_gpu if cfg.use_gpu is not None else gpus > 0 or view.gpu_types
+    if cfg.amp == "fp16" and not use_gpu:
+        raise ConfigError("--amp fp16 needs GPU workers; use --amp bf16 or --amp off on CPU")
+    if cfg.use_gpu is None and not use_gpu and _joined_cluster(cfg):
+        print(f"CPU workers: {_why_no_gpus(view)}", flush=True)
+    if not cfg.num_workers and use_gpu and gpus == 0:
+        if view.gpu_types:  # GPU nodes can be had, but how many workers is not known
+            raise ConfigError(
+                "GPU workers on a cluster with no GPUs up yet: give --num-workers N (one per "
+                "GPU to start) and --wait-for-resources SECONDS to wait for the autoscaler's "
+                "nodes (or --no-gpu)"
+            )
+        raise ConfigError(_no_gpus(view, count_given=False))
+    num_workers = cfg.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
+    return dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
+
+
+def _why_no_gpus(view: ClusterView) -> str:
+    if view.node_types is not None:
+        return "the Ray cluster has no GPUs and none of its autoscaler's node types has one"
+    return (
+        "the Ray cluster has no GPUs up and no autoscaler's node types are visible from "
+        "here; --use-gpu --num-workers N --wait-for-resources SECONDS asks an autoscaler "
+        "for GPU nodes, --no-gpu silences this line"
+    )
+
+
+def _no_gpus(view: ClusterView, count_given: bool = True) -> str:
+    if view.node_types is not None:  # an autoscaler without GPU node types
+        return (
+            "--use-gpu was given but the Ray cluster has no GPUs, nor a node type its "
+            "autoscaler may start; drop it or use --no-gpu"
+        )
+    wait = "--wait-for-resources SECONDS" if count_given else (
+        "--num-workers N and --wait-for-resources SECONDS"
+    )  # fmt: skip
+    return (
+        "--use-gpu was given but the Ray cluster has no GPUs; use --no-gpu, or give "
+        f"{wait} to ask an autoscaling cluster for GPU nodes"
+    )
+
+
+def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
+    """Return once the nodes up can hold the workers, counted node by node. A request no
+    arrangement can hold (the nodes up, plus the node types the autoscaler may start,
+    when known) is refused at once; otherwise, with ``--wait-for-resources``, the
+    autoscaler is asked for one bundle per worker (``autoscaling.asking_for``: harmless
+    where none runs) and the wait prints a progress line every ~10 s. The request is
+    withdrawn however the wait ends, so the cluster can scale back down; the Train
+    controller then asks for the same workers itself."""
+    n, bundle = cfg.num_workers, worker_bundle(cfg)
+    assert n is not None
+    missing = _shortage(cfg, bundle, view)
+    if missing is None:
+        return
+    known = view.node_types is not None  # an autoscaler whose node types we see
+    if known:
+        never = unplaceable(bundle, n, view.up, view.node_types, view.max_nodes)
+        if never:
+            raise ConfigError(never)
+    if not cfg.wait_for_resources:
+        hint = (
+            "; the cluster's autoscaler can add nodes: --wait-for-resources SECONDS asks "
+            "it for them and waits"
+        )
+        raise ConfigError(missing + (hint if known else ""))
+
+    wait = f"{cfg.wait_for_resources:g} s"
+    print(
+        f"{missing}; asking the autoscaler for them; waiting up to {wait} for nodes"
+        if known
+        else f"{missing}; waiting up to {wait} for nodes (an autoscaler, if any, is asked)",
+        flush=True,
+    )
+    started = time.monotonic()
+    deadline, next_line = started + cfg.wait_for_resources, started + PROGRESS_EVERY_S
+    with asking_for([bundle] * n, cfg.wait_for_resources + REQUEST_GRACE_S):
+        while True:
+            time.sleep(max(0.0, min(RESOURCE_POLL_S, deadline - time.monotonic())))
+            view = dataclasses.replace(view, up=nodes_up())
+            missing = _shortage(cfg, bundle, view)
+            now = time.monotonic()
+            if missing is None:
+                fit = "fit" if n != 1 else "fits"
+                print(f"{workers_text(n, bool(cfg.use_gpu))} {fit} on the nodes up after "
+                      f"{now - started:.0f} s", flush=True)  # fmt: skip
+                return
+            if now >= deadline:
+                late = "the autoscaler did not start them" if known else "not enough nodes joined"
+                raise ConfigError(
+                    f"{missing}; {late} in {wait}: raise --wait-for-resources, or see `ray status`"
+                )
+            if now >= next_line:
+                up = capacity(bundle, [Nodes(node) for node in view.up])
+                print(progress_line(n, up, deadline - now, bool(cfg.use_gpu)), flush=True)
+                next_line += PROGRESS_EVERY_S
+
+
+def _shortage(cfg: TrainConfig, bundle: dict[str, float], view: ClusterView) -> str | None:
+    """What keeps the workers off the nodes up, as a message; None if they fit.
+
+    On a cluster whose autoscaler's node types are known: node by node, with the figures
+    of the nodes up. Otherwise the cluster's totals first (the clearest figures), then
+    node by node."""
+    n = cfg.num_workers
+    assert n is not None
+    fit = capacity(bundle, [Nodes(node) for node in view.up])
+    if fit >= n:
+        return None
+    if view.node_types is not None:
+        return (
+            f"{workers_text(n)} x ({worker_text(bundle)}) do not fit on the nodes up: "
+            f"{fit} of {n} fit ({nodes_text(bundle, view.up)})"
+        )
+    if cfg.use_gpu and view.total("GPU") == 0:
+        return _no_gpus(view)
+    for name, each in bundle.items():
+        have = view.total(name)
+        if n * each > have + 1e-9:
+            return _total_short(cfg, name, each, have)
+    return unplaceable(bundle, n, view.up)
+
+
+def _total_short(cfg: TrainConfig, name: str, each: float, have: float) -> str:
+    n = cfg.num_workers
+    assert n is not None
+    if name == "GPU":
+        return f"{n} GPU workers asked, the Ray cluster has {have:g} GPUs; lower --num-workers"
+    unit, flag = (
+        ("CPUs", "--cpus-per-worker") if name == "CPU" else (name, "--resources-per-worker")
+    )
+    return (
+        f"{n} workers x {each:g} {unit} = {n * each:g} {unit} asked, the Ray cluster has "
+        f"{have:g}; lower --num-workers or {flag}"
+    )
+
+
+def wait_until_free(cfg: TrainConfig) -> None:
+    """The nodes can hold the workers; wait (up to max(30 s, --wait-for-resources)) until
+    what is free on them does, node by node: another job may hold some of it."""
+    n, bundle = cfg.num_workers, worker_bundle(cfg)
+    assert n is not None
+    deadline = time.monotonic() + max(30.0, cfg.wait_for_resources)
+    while (free := _free_capacity(bundle)) < n:
+        if time.monotonic() >= deadline:
+            raise ConfigError(
+                f"{workers_text(n)} x ({worker_text(bundle)}): {free} fit in what is free now on "
+                "the nodes (other jobs hold the rest); try again later"
+            )
+        time.sleep(FREE_POLL_S)
+
+
+def _free_capacity(bundle: dict[str, float]) -> int:
+    from ray._private.state import available_resources_per_node
+
+    return capacity(bundle, [Nodes(free) for free in available_resources_per_node().values()])
+
+
+def _sees(path: str) -> bool:
+    return os.path.exists(path)
+
+
+def check_shared_storage(path: str) -> None:
+    """Refuse a local ``path`` that some node of a multi-node cluster cannot see.
+
+    Checkpoints are written by the rank-0 worker, wherever Ray placed it, and read back by
+    whichever node a restarted worker lands on: on more than one node the storage must be
+    a URI (``s3://``, ``gs://``) or a path every node sees (NFS). A local path is checked
+    for real: the driver writes a marker file and a tiny task on every node looks for it."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) <= 1 or is_uri(path):
+        return
+    os.makedirs(path, exist_ok=True)
+    marker = os.path.join(path, f".ray_ddp_shared_check_{uuid.uuid4().hex}")
+    with open(marker, "w") as f:
+        f.write("visible from every node?\n")
+    try:
+        probe = ray.remote(num_cpus=0)(_sees)
+        refs = [
+            probe.options(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+            ).remote(marker)
+            for n in nodes
+        ]
+        seen = ray.get(refs, timeout=120)
+    finally:
+        os.remove(marker)
+    blind = [n["NodeManagerAddress"] for n, ok in zip(nodes, seen, strict=True) if not ok]
+    if blind:
+        raise ConfigError(
+            f"--storage-path {path} is local to this machine: {len(blind)} of {len(nodes)} "
+            f"nodes ({', '.join(sorted(set(blind))[:3])}) cannot see it; use s3://, gs:// or "
+            "a path mounted on every node"
+        )

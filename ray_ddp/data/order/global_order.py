@@ -1,0 +1,216 @@
+"""The order an epoch trains its samples in, the same whatever the world size.
+
+This is what makes a run exact across a change in the number of workers (a lost node, a
+grown group, a resume on fewer GPUs). The unit is the optimizer step, not the worker:
+
+- each epoch is one seeded permutation of the whole training set (``seed + epoch``, as
+  DistributedSampler seeds it), the same on every rank and at every world size;
+- the permutation is cut into micro-batches of ``--batch-size`` consecutive samples (a
+  last micro-batch of one sample joins the one before it: BatchNorm cannot train on one);
+- every ``global_batch / batch_size`` consecutive micro-batches make one optimizer step,
+  whatever the world size: at ``W`` workers rank ``r`` trains micro-batches ``r, r + W,
+  ...`` of it (its accumulation; where ``W`` does not divide them some ranks train one
+  more, and the others wait for them in the all-reduce);
+- a position in the epoch is a number of samples of the permutation (a step boundary), so
+  any world size resumes from exactly there, every remaining sample once.
+
+The step's gradient is the mean over its samples however they are spread: each micro-batch
+weighs by its share of the step's samples. The epoch's last step may hold fewer
+micro-batches than there are ranks; a rank left without one trains a *filler* (the
+step's first micro-batch again) with weight 0, because every rank must take part in the
+gradient all-reduce. Ranks training different numbers of micro-batches in a step is safe
+for DDP: each still runs exactly one synchronised backward per step (the others are under
+``no_sync``), and DDP broadcasts buffers once per step, at a rank's first forward after a
+synchronised one. Micro-batch contents do not depend on the world size either, so
+BatchNorm's batch statistics in training do not; its running statistics (buffers, not
+weights) follow the micro-batches rank 0 sees, which do.
+
+No Ray, no DataLoader and (but for the permutation) no torch here:
+:class:`GlobalOrderBatches` is the batch sampler a DataLoader draws from, and the training
+loop reads the same :class:`Slot` list to weigh each micro-batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One micro-batch a rank trains, in the order it trains them."""
+
+    indices: list[int]
+    """Dataset indices (a filler's are its step's first micro-batch's)."""
+    step: int
+    """The optimizer step of the epoch it belongs to (0-based from the epoch's start)."""
+    micro: int
+    """Its micro-batch number within the step (the same at any world size; a filler's is
+    past the step's last)."""
+    boundary: bool
+    """This rank's last micro-batch of the step: its backward all-reduces the gradients."""
+    step_samples: int
+    """Samples of the whole step, all ranks together."""
+    filler: bool = False
+    """Trained with weight 0 (an empty slot of the epoch's last step)."""
+
+    @property
+    def size(self) -> int:
+        """Samples it contributes (0 for a filler)."""
+        return 0 if self.filler else len(self.indices)
+
+
+MIN_BUSY = 0.75
+"""An elastic range is refused where some worker count in it would keep the workers busy
+less than this share of each step (see :func:`busy_share`)."""
+
+
+def micro_batches(global_batch: int, batch_size: int) -> int:
+    """Micro-batches per optimizer step."""
+    per_step, rest = divmod(global_batch, batch_size)
+    if rest or not per_step:
+        raise ValueError(
+            f"a global batch of {global_batch} is not a whole number of micro-batches of "
+            f"{batch_size}"
+        )
+    return per_step
+
+
+def accumulation(global_batch: int, batch_size: int, world_size: int) -> int:
+    """The most micro-batches one of ``world_size`` ranks trains per optimizer step (all
+    of them train as many where ``world_size`` divides the step's micro-batches)."""
+    per_step = micro_batches(global_batch, batch_size)
+    if world_size > per_step:
+        raise ValueError(
+            f"{world_size} workers need at least {world_size} micro-batches per step, and a "
+            f"global batch of {global_batch} makes {per_step} of {batch_size}"
+        )
+    return -(-per_step // world_size)
+
+
+def busy_share(per_step: int, world_size: int) -> float:
+    """The share of a step the workers spend training when ``per_step`` micro-batches are
+    split over ``world_size`` of them: 1.0 where it divides, less where some wait for the
+    ranks with one micro-batch more (8 over 6: 2 on ranks 0-1, 1 on the others, 67%)."""
+    return per_step / (world_size * -(-per_step // world_size))
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """Epoch ``epoch``'s micro-batches and steps from sample ``start`` of its order."""
+
+    size: int
+    """Training samples."""
+    batch_size: int
+    global_batch: int
+    seed: int
+    epoch: int
+    start: int = 0
+    pieces: tuple[int, ...] | None = None
+    """A streamed split's row groups (their row counts, in the split's numbering): the
+    order is then ``ray_ddp.data.order.streamed``'s two-level shuffle instead of a permutation."""
+    buffer: int = 0
+    """The streamed order's shuffle window, in rows (``--shuffle-buffer``)."""
+
+    @property
+    def micro_per_step(self) -> int:
+        return self.global_batch // self.batch_size
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """Each micro-batch's [begin, end) in the epoch's order, from ``start`` on."""
+        starts = list(range(self.start, self.size, self.batch_size))
+        ends = starts[1:] + [self.size]
+        if len(starts) > 1 and ends[-1] - starts[-1] == 1:  # a 1-sample tail joins its neighbour
+            starts.pop()
+            ends.pop(-2)
+        return list(zip(starts, ends, strict=True))
+
+    @property
+    def first_step(self) -> int:
+        """The number (0-based, counted from the epoch's start) of the plan's first step."""
+        return self.start // self.global_batch
+
+    @property
+    def steps(self) -> int:
+        """Optimizer steps from ``start`` to the epoch's end."""
+        return -(-len(self.bounds()) // self.micro_per_step)
+
+    def step_start(self, step: int) -> int:
+        """The position (samples of the order) where step ``step`` begins; the epoch's size
+        past its last step."""
+        bounds = self.bounds()
+        first = step * self.micro_per_step
+        return bounds[first][0] if first < len(bounds) else self.size
+
+    def order(self) -> list[int]:
+        if self.pieces is not None:
+            from ray_ddp.data.order.streamed import streaming_order
+
+            return streaming_order(
+                self.pieces, self.buffer, self.seed, self.epoch, self.micro_per_step,
+                self.batch_size,
+            )  # fmt: skip
+        import torch  # here: the config checks import this module, and not torch
+
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.size, generator=generator).tolist()
+
+    def slots(self, rank: int, world_size: int) -> list[Slot]:
+        """What rank ``rank`` of ``world_size`` trains, step by step: micro-batches
+        ``rank``, ``rank + world_size``, ... of each step (where ``world_size`` does not
+        divide them, some ranks train one more), or a filler where a short last step
+        leaves it none."""
+        accumulation(self.global_batch, self.batch_size, world_size)  # refuses too many ranks
+        order, bounds, per_step = self.order(), self.bounds(), self.micro_per_step
+        slots = []
+        for step in range(self.steps):
+            micro = bounds[step * per_step : (step + 1) * per_step]
+            samples = micro[-1][1] - micro[0][0]
+            mine = list(range(rank, len(micro), world_size))
+            for turn, number in enumerate(mine or [len(micro)]):
+                begin, end = micro[number] if mine else micro[0]
+                slots.append(
+                    Slot(
+                        indices=order[begin:end],
+                        step=step,
+                        micro=number,
+                        boundary=turn == max(1, len(mine)) - 1,
+                        step_samples=samples,
+                        filler=not mine,
+                    )
+                )
+        return slots
+
+
+class GlobalOrderBatches:
+    """A DataLoader ``batch_sampler`` yielding one rank's micro-batches of an
+    :class:`EpochPlan`; ``tag_epoch`` makes each index ``(epoch, index)`` for seeded
+    augmentation (``loaders.SeededSamples``)."""
+
+    def __init__(
+        self, size: int, *, batch_size: int, global_batch: int, seed: int, rank: int,
+        world_size: int, tag_epoch: bool,
+    ) -> None:  # fmt: skip
+        self.size, self.batch_size, self.global_batch = size, batch_size, global_batch
+        self.seed, self.rank, self.world_size, self.tag_epoch = seed, rank, world_size, tag_epoch
+        self.set_position(0, 0)
+
+    pieces: tuple[int, ...] | None = None  # a streamed split's row groups (see EpochPlan)
+    buffer = 0
+
+    def set_position(self, epoch: int, start: int) -> None:
+        """The coming pass is epoch ``epoch`` from sample ``start`` of its order."""
+        self.plan = EpochPlan(
+            self.size, self.batch_size, self.global_batch, self.seed, epoch, start,
+            self.pieces, self.buffer,
+        )  # fmt: skip
+        self.slots = self.plan.slots(self.rank, self.world_size)
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        epoch = self.plan.epoch
+        for slot in self.slots:
+            yield [(epoch, i) for i in slot.indices] if self.tag_epoch else list(slot.indices)
+
+    def __len__(self) -> int:
+        return len(self.slots)

@@ -1,0 +1,63 @@
+"""The number of workers as a way to run a training, not part of what is trained.
+
+What is trained is fixed by the global batch (per-worker batch x workers x accumulation)
+and the data order (``ray_ddp.data.order.global_order``), neither of which depends on the
+world size.
+So a re-run of a run on another number of workers (a stopped 8-GPU run continued on 4)
+keeps its global batch by changing the accumulation, and an elastic run (``--num-workers
+MIN-MAX``) keeps it at every count Ray gives it. No Ray here: the driver calls this before
+any cluster work, and the Ray Train settings are built from :func:`scaling_workers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ray_ddp.config.train import ConfigError, TrainConfig, check_worker_range
+from ray_ddp.driver.rerun_guard import recorded_global_batch
+
+
+def keep_global_batch(cfg: TrainConfig, saved: dict[str, Any] | None, what: str) -> TrainConfig:
+    """``cfg`` with the accumulation that keeps the global batch of ``saved`` (the config
+    of the run being continued, called ``what`` in messages) when only the number of
+    workers changed; unchanged otherwise (a changed --batch-size or --accum-steps is a
+    change of what is trained, which the re-run guard judges)."""
+    if saved is None or cfg.num_workers is None:
+        return cfg
+    batch = recorded_global_batch(saved)
+    if (
+        batch is None
+        or saved.get("num_workers") == cfg.num_workers
+        or saved.get("batch_size") != cfg.batch_size
+        or saved.get("accum_steps") != cfg.accum_steps
+    ):
+        return cfg
+    per_round = cfg.batch_size * cfg.num_workers
+    if batch % per_round:
+        counts = [
+            n for n in range(1, batch // cfg.batch_size + 1) if batch % (cfg.batch_size * n) == 0
+        ]
+        raise ConfigError(
+            f"{what} trains with a global batch of {batch} ({cfg.batch_size} x "
+            f"{saved['num_workers']} workers x {saved['accum_steps']}), which {cfg.num_workers} "
+            f"workers of --batch-size {cfg.batch_size} cannot make: use "
+            f"{', '.join(map(str, counts))} workers, or change --batch-size/--accum-steps "
+            "(a different training) with --allow-config-change"
+        )
+    kept = dataclasses.replace(cfg, accum_steps=batch // per_round)
+    if kept.min_workers is not None:
+        check_worker_range(kept)
+    print(
+        f"{what} continues on {cfg.num_workers} worker{'s' if cfg.num_workers > 1 else ''}: "
+        f"accumulation {cfg.accum_steps} -> "
+        f"{kept.accum_steps} keeps its global batch of {batch}",
+        flush=True,
+    )
+    return kept
+
+
+def scaling_workers(cfg: TrainConfig) -> int | tuple[int, int]:
+    """Ray Train's ``ScalingConfig(num_workers=...)``: a count, or (MIN, MAX) when elastic."""
+    low, high = cfg.worker_range
+    return (low, high) if cfg.elastic else high

@@ -1,0 +1,113 @@
+"""Everything about a request that can be refused without Ray: the config, the task (it
+imports, it implements the interface, its data and model work), the checkpoint to resume
+from, the batch against the data. Each refusal is a ConfigError with one line saying what
+to change, raised before any cluster work."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ray_ddp.checkpoint.format import CheckpointError, check_compatible, load_state, task_meta
+from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.driver.rerun_guard import check_rerun
+from ray_ddp.io.storage import is_uri, local_copy
+from ray_ddp.task import Task
+from ray_ddp.task.checks import check_facts, load_task, user_code
+
+
+@dataclass(frozen=True)
+class PreparedTask:
+    """A task that passed the checks, with what they learnt about its data."""
+
+    task: Task
+    facts: dict[str, Any]
+    """``task.describe(cfg)``: saved in every checkpoint, given to ``task.model``."""
+    train_size: int | None
+    val_size: int | None
+    resume_config: dict[str, Any] | None = None
+    """The config saved in the ``--resume-from`` checkpoint (None without one)."""
+
+    def meta(self, cfg: TrainConfig) -> dict[str, Any]:
+        """What a checkpoint of this run records about its model."""
+        return task_meta(cfg.task, self.facts)
+
+
+def preflight(
+    cfg: TrainConfig, batch_sizes: Sequence[int] = (), task: Task | None = None
+) -> PreparedTask:
+    """Check ``cfg`` and its task (``task``, else the one ``cfg.task`` names), and the
+    per-worker ``batch_sizes`` a sweep will try (default: the config's own) against the
+    data."""
+    validate(cfg)
+    if (
+        cfg.amp == "fp16"
+        and cfg.use_gpu is None
+        and not cfg.address
+        and not os.environ.get("RAY_ADDRESS")  # a submitted job: the GPUs are the cluster's
+        and not _local_gpus()
+    ):
+        raise ConfigError(
+            "--amp fp16 needs GPUs and this machine has none; use --amp bf16 or --amp off"
+        )
+    task = task if task is not None else load_task(cfg.task)
+    facts = check_facts(task, user_code(task, "describe", lambda: task.describe(cfg)))
+    train_size, val_size = user_code(task, "check", lambda: task.check(cfg, facts))
+    prepared = PreparedTask(task, facts, train_size, val_size)
+    check_rerun(cfg, global_batch=False)  # compared once the worker count is resolved
+    if cfg.resume_from:
+        try:
+            state = load_checkpoint_state(cfg.resume_from)
+            check_compatible(state, prepared.meta(cfg), f"--resume-from {cfg.resume_from}")
+        except CheckpointError as exc:
+            raise ConfigError(str(exc)) from exc
+        prepared = dataclasses.replace(prepared, resume_config=state.get("config"))
+    for batch_size in batch_sizes or [cfg.batch_size]:
+        check_batch_fits(cfg, train_size, batch_size)
+    return prepared
+
+
+def load_checkpoint_state(path: str) -> dict[str, Any]:
+    """``checkpoint.load_state`` of a checkpoint directory at a local path or a storage URI
+    (``s3://bucket/runs/<name>/checkpoint_...``: downloaded to a temporary directory)."""
+    if not is_uri(path):
+        return load_state(path)
+    try:
+        with local_copy(path) as directory:
+            try:
+                return load_state(directory)
+            except CheckpointError as exc:  # name the URI, not the temporary directory
+                raise CheckpointError(str(exc).replace(directory, path)) from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+
+
+def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) -> None:
+    """A per-worker batch larger than a worker's shard of the data is never filled: it is
+    refused rather than run as something else. Needs num_workers; a no-op while it is
+    "auto"."""
+    if train_size is None or not cfg.num_workers:
+        return
+    shard = -(-train_size // cfg.num_workers)  # at the most workers, for an elastic run
+    if batch_size > shard:
+        raise ConfigError(
+            f"--batch-size {batch_size} (per worker) is larger than a worker's "
+            f"share of the {train_size} training samples ({shard}); lower it"
+        )
+    batch = batch_size * cfg.num_workers * cfg.accum_steps
+    if batch > train_size:
+        raise ConfigError(
+            f"--accum-steps {cfg.accum_steps} makes a global batch of {batch} ({batch_size} x "
+            f"{cfg.num_workers} workers x {cfg.accum_steps}), more than the {train_size} "
+            "training samples, so no optimizer step would be full; lower --accum-steps or "
+            "--batch-size"
+        )
+
+
+def _local_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -1,0 +1,186 @@
+"""Ray Tune sweeps over learning rate and per-worker batch size.
+
+Every trial is a full distributed TorchTrainer run of the same loop as ``jobs/train.py``
+(``trainer.build_trainer``), launched from a Tune function trainable; rank 0's metrics
+reach Tune through Ray's Train-to-Tune callback, and ASHA stops weak trials at its rungs.
+Concurrency is derived from what the cluster has and what one trial needs, so trials
+never wait on each other for resources; a trial that cannot fit at all is refused at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any
+
+from ray_ddp.cluster.resources import prepare_cluster_run
+from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
+from ray_ddp.driver.sweep_results import trial_lr, trial_row, write_outputs
+from ray_ddp.io.storage import exists, join, storage_location, uri_of
+
+
+def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, float]) -> int:
+    """How many trials can run at once without any of them waiting for resources."""
+    assert cfg.num_workers is not None
+    cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
+    trial_cpus = sweep.trial_cpus + cfg.num_workers * cfg.cpus_per_worker
+    trial_gpus = cfg.num_workers if cfg.use_gpu else 0
+    if trial_cpus > cpus + 1e-9 or trial_gpus > gpus:
+        raise ConfigError(
+            f"one trial needs {trial_cpus:g} CPUs ({sweep.trial_cpus:g} for its driver + "
+            f"{cfg.num_workers} workers x {cfg.cpus_per_worker:g}) and {trial_gpus} GPUs; the "
+            f"cluster has {cpus:g} CPUs and {gpus:g} GPUs: lower --num-workers or "
+            "--cpus-per-worker"
+        )
+    fit = math.floor((cpus + 1e-9) / trial_cpus)
+    if trial_gpus:
+        fit = min(fit, math.floor(gpus / trial_gpus))
+    # A custom resource the workers ask for (--resources-per-worker) bounds it the same way.
+    for name, amount in (cfg.resources_per_worker or {}).items():
+        have, need = resources.get(name, 0.0), cfg.num_workers * amount
+        if need > have + 1e-9:
+            raise ConfigError(
+                f"one trial needs {need:g} {name} ({cfg.num_workers} workers x {amount:g}); "
+                f"the cluster has {have:g}: lower --num-workers"
+            )
+        fit = min(fit, math.floor((have + 1e-9) / need))
+    return max(1, min(fit, sweep.max_concurrent_trials or fit, sweep.num_samples))
+
+
+def _run_trial(config: dict[str, Any]) -> None:
+    """One Tune trial: a complete TorchTrainer run with this trial's lr and batch size."""
+    import ray.tune
+    from ray.tune.integration.ray_train import TuneReportCallback
+
+    from ray_ddp.driver.preflight import PreparedTask
+    from ray_ddp.driver.run import build_trainer
+    from ray_ddp.task.checks import load_task
+
+    base = TrainConfig.from_dict(config["train"])
+    prepared = PreparedTask(load_task(base.task), config["facts"], None, None)
+    trial_id = ray.tune.get_context().get_trial_id()
+    cfg = dataclasses.replace(
+        base,
+        lr=trial_lr(config),
+        batch_size=config["batch_size"],
+        # Named by trial id: a resumed sweep re-runs an unfinished trial under the same
+        # name, and Train picks up that run's latest checkpoint instead of starting over.
+        name=trial_id,
+        storage_path=config["train_storage"],
+        log_prefix=f"[{trial_id}] ",
+    )
+    build_trainer(cfg, prepared, callbacks=[TuneReportCallback()]).fit()
+
+
+def refuse_existing(sweep_dir: str) -> None:
+    """A new sweep never writes into an existing one's directory (its Tune state, results
+    and trials would be overwritten). It exists when anything is there: on an object store
+    (s3://...), any object under its prefix."""
+    if exists(sweep_dir):
+        raise ConfigError(
+            f"{sweep_dir} already exists: pass --resume to continue it, or a new --name"
+        )
+
+
+def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
+    """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
+    validate_sweep(sweep, cfg)
+    if cfg.name and not sweep.resume:
+        refuse_existing(join(storage_location(cfg.storage_path), cfg.name))
+    cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes, dashboard=True)
+    task = prepared.task
+    metric, mode = f"val_{task.best_metric}", task.best_mode
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    from ray_ddp.driver.run import alive_nodes, shared_resume_from
+
+    concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
+    name = cfg.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    sweep_dir = join(cfg.storage_path, name)
+    cfg = dataclasses.replace(cfg, name=None, summary_json=None)
+
+    trainable = tune.with_resources(_run_trial, {"CPU": sweep.trial_cpus})
+    print(
+        f"sweep {name} -> {sweep_dir}: {sweep.num_samples} trials, up to {concurrency} at "
+        f"once, lr log-uniform [{sweep.lr_min:g}, {sweep.lr_max:g}], per-worker batch in "
+        f"{sweep.batch_sizes}, {cfg.num_workers} workers per trial, "
+        + (
+            f"ASHA (grace {sweep.grace_period}, reduction {sweep.reduction_factor:g})"
+            if sweep.early_stop
+            else "no early stopping"
+        ),
+        flush=True,
+    )
+    if sweep.scale_lr:
+        print(
+            f"lr scaling on: each trial's lr x (its batch / {cfg.batch_size}), the global "
+            "batch ratio (workers and accumulation are the same for every trial)",
+            flush=True,
+        )
+    started = time.perf_counter()
+    if sweep.resume:
+        if not tune.Tuner.can_restore(sweep_dir):
+            raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
+        tuner = tune.Tuner.restore(
+            sweep_dir, trainable, resume_unfinished=True, resume_errored=True
+        )
+    else:
+        refuse_existing(sweep_dir)  # a generated name too, however unlikely
+        cfg = shared_resume_from(cfg, sweep_dir, alive_nodes())
+        scheduler = (
+            ASHAScheduler(
+                time_attr="epoch",
+                max_t=cfg.epochs,
+                grace_period=sweep.grace_period,
+                reduction_factor=sweep.reduction_factor,
+            )
+            if sweep.early_stop
+            else FIFOScheduler()
+        )
+        tuner = tune.Tuner(
+            trainable,
+            param_space={
+                "train": cfg.to_dict(),
+                "train_storage": join(sweep_dir, "train"),
+                "facts": prepared.facts,
+                "scale_lr": sweep.scale_lr,
+                "lr": tune.loguniform(sweep.lr_min, sweep.lr_max),
+                "batch_size": tune.choice(sweep.batch_sizes),
+            },
+            tune_config=tune.TuneConfig(
+                metric=metric,
+                mode=mode,
+                num_samples=sweep.num_samples,
+                scheduler=scheduler,
+                # Seeded: the same --seed samples the same learning rates and batch sizes.
+                # The concurrency limit goes here: Tune ignores TuneConfig's
+                # max_concurrent_trials when given a search algorithm instance.
+                search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrency),
+            ),
+            run_config=tune.RunConfig(name=name, storage_path=cfg.storage_path, verbose=0),
+        )
+    grid = tuner.fit()
+    wall_s = time.perf_counter() - started
+    trials = [trial_row(result, cfg.epochs, metric, mode) for result in grid]
+    for t in trials:  # Tune's paths drop the scheme and options of a URI storage
+        if t["best_checkpoint"]:
+            t["best_checkpoint"] = uri_of(cfg.storage_path, t["best_checkpoint"])
+    trials.sort(key=lambda t: t["trial"])
+    finished = [t for t in trials if t["best_value"] is not None]
+    if not finished:
+        raise RuntimeError(f"no trial reported a result; see the trial errors under {sweep_dir}")
+    best = (max if mode == "max" else min)(finished, key=lambda t: t["best_value"])
+    write_outputs(sweep_dir, trials)
+    return {
+        "sweep_dir": sweep_dir,
+        "wall_s": wall_s,
+        "concurrency": concurrency,
+        "metric": metric,
+        "mode": mode,
+        "best": best,
+        "trials": trials,
+    }

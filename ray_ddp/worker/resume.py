@@ -1,0 +1,189 @@
+"""Where a worker starts from: this run's latest checkpoint, ``--resume-from``, or nothing;
+and putting a checkpoint's state back into the training objects (Ray-aware: it asks Ray
+Train for the run's latest checkpoint)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import ray.train
+
+from ray_ddp.checkpoint.format import CheckpointError, load_state
+from ray_ddp.config import TrainConfig
+from ray_ddp.data.order.global_order import accumulation
+from ray_ddp.driver.preflight import load_checkpoint_state
+from ray_ddp.io.storage import list_checkpoints
+from ray_ddp.worker.identity import Worker
+from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
+from ray_ddp.worker.state import EpochSums, TrainProgress, TrainState
+
+
+@dataclass(frozen=True)
+class Restored:
+    state: dict[str, Any]
+    """What ``checkpoint.load_state`` read."""
+    source: str
+    """Where from, for messages."""
+
+
+def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | None:
+    """This run's own latest checkpoint (a re-run of the same name, or Ray restarting
+    workers after a failure) before ``--resume-from``; None for a fresh start.
+
+    A latest checkpoint that cannot be read (truncated, corrupt) is skipped with a warning
+    for the newest older one that can; training never silently starts over."""
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        if not resume_from:
+            return None
+        return Restored(load_checkpoint_state(resume_from), resume_from)
+    fs = checkpoint.filesystem  # local or s3/gs alike
+    try:
+        return Restored(_read(checkpoint), _shown(fs, checkpoint.path))
+    except CheckpointError as exc:
+        worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
+    latest = checkpoint.path.rstrip("/")
+    run_dir = latest.rsplit("/", 1)[0]
+    older = [p for p in list_checkpoints(fs, run_dir) if p < latest]
+    for path in reversed(older):
+        try:
+            state = _read(ray.train.Checkpoint(path, filesystem=fs))
+        except CheckpointError as exc:
+            worker.log(f"warning: {_shown(fs, path)} is unusable too ({exc})")
+            continue
+        worker.log(f"warning: resuming from the older checkpoint {_shown(fs, path)}")
+        return Restored(state, _shown(fs, path))
+    raise CheckpointError(
+        f"no usable checkpoint in {_shown(fs, run_dir)}; move the run aside or use a new --name"
+    )
+
+
+# pyarrow filesystems whose paths are "bucket/key", and their URI schemes.
+_SCHEMES = {"s3": "s3", "gcs": "gs"}
+
+
+def _shown(fs, path: str) -> str:
+    """``path`` on filesystem ``fs`` as a URI for messages (``s3://bucket/...``)."""
+    scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
+    return f"{scheme}://{path}" if scheme else path
+
+
+def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
+    with checkpoint.as_directory() as directory:
+        return load_state(directory)
+
+
+def restore_training(
+    restored: Restored | None,
+    state: TrainState,
+    worker: Worker,
+    cfg: TrainConfig,
+    steps_per_epoch: int,
+    ledger: bool = False,
+) -> EpochSums:
+    """Load optimizer, schedule, scaler and progress from ``restored`` (the weights are
+    loaded before DDP wraps the model). Returns this rank's sums of the epoch's part
+    before a mid-epoch checkpoint (zero at an epoch boundary): all ranks' totals on rank
+    0, so the resumed epoch's loss is exact at any world size.
+
+    What the flags say wins over what the checkpoint saved: the peak lr, weight decay and
+    momentum, the optimizer kind and the precision; the resume line names each change.
+    ``ledger``: a test's sample ledger is kept (``ray_ddp.testing``)."""
+    if restored is None:
+        return EpochSums(ledger=[] if ledger else None)
+    saved = restored.state
+    notes = _restore_optimizer(saved, state, cfg)
+    notes += _restore_scaler(saved, state)
+    progress = state.progress = TrainProgress.from_saved(saved["progress"])
+    if saved["progress"].get("batch"):  # an older format's position, in another order
+        # The epoch restarts, and so do its steps: the schedule goes back to its start.
+        progress.step = progress.epoch * steps_per_epoch
+        set_schedule_step(state.scheduler, progress.step)
+        worker.log(
+            f"the checkpoint's mid-epoch position is of an older version: epoch "
+            f"{progress.epoch + 1} restarts from its first sample"
+        )
+    sums = _partial_sums(saved, worker, ledger) if progress.sample else EpochSums()
+    if ledger and sums.ledger is None:
+        sums.ledger = []
+    notes += _world_size_change(saved, worker, cfg)
+    saved_batch = saved_global_batch(saved)
+    if saved_batch != cfg.global_batch_size:
+        # Another global batch (--allow-config-change): another number of steps per
+        # epoch, so the schedule continues at the epochs done, in this run's steps.
+        step = progress.epoch * steps_per_epoch
+        set_schedule_step(state.scheduler, step)
+        notes.append(
+            f"global batch {saved_batch} -> {cfg.global_batch_size}: the LR schedule "
+            f"continues at step {step}"
+        )
+    where = f", {progress.sample} samples into epoch {progress.epoch + 1}"
+    worker.log(
+        f"resumed from {restored.source}: {progress.epoch} epochs, {progress.step} steps done"
+        + (where if progress.sample else "")
+        + "".join(f"; {note}" for note in notes)
+    )
+    return sums
+
+
+def saved_world_size(saved: dict[str, Any]) -> int:
+    """The world size a checkpoint was written at (older ones saved a RNG state per rank)."""
+    return int(saved.get("world_size") or len(saved.get("rng", [])) or 1)
+
+
+def saved_global_batch(saved: dict[str, Any]) -> int:
+    config = saved.get("config", {})
+    workers = config.get("num_workers") or saved_world_size(saved)
+    return int(config.get("batch_size", 0) * workers * config.get("accum_steps", 1))
+
+
+def _partial_sums(saved: dict[str, Any], worker: Worker, ledger: bool) -> EpochSums:
+    """The epoch's sums before a mid-epoch checkpoint: every saved rank's, added up, on
+    rank 0 (what is reported is the total over ranks)."""
+    if not worker.is_main:
+        return EpochSums()
+    parts = saved.get("epoch_partial", [])
+    rows = [tuple(row) for row in saved.get("ledger", [])] if ledger else None
+    return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), rows)
+
+
+def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> list[str]:
+    """The line's words for a resume at another world size (nothing at the same)."""
+    before, now = saved_world_size(saved), worker.world_size
+    if before == now:
+        return []
+    config = saved.get("config", {})
+    accum_before = saved_global_batch(saved) // max(1, config.get("batch_size", 1) * before)
+    accum_now = accumulation(cfg.global_batch_size, cfg.batch_size, now)
+    change = "lost" if now < before else "gained"
+    workers = "worker" if abs(before - now) == 1 else "workers"
+    kept = saved_global_batch(saved) == cfg.global_batch_size
+    return [
+        f"{change} {abs(before - now)} {workers} since the checkpoint: continuing on {now} "
+        f"{'worker' if now == 1 else 'workers'}, "
+        f"accumulation {accum_before} -> {accum_now}"
+        + (f", global batch {cfg.global_batch_size} kept, same data order" if kept else "")
+    ]
+
+
+def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfig) -> list[str]:
+    notes = []
+    fresh = hyperparameters(state.optimizer)
+    saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
+    if saved_kind == cfg.optimizer:
+        state.optimizer.load_state_dict(saved["optimizer"])
+    else:  # AdamW's moments mean nothing to SGD (and the other way round)
+        notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
+    state.scheduler.load_state_dict(saved["scheduler"])
+    changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler, fresh)
+    return notes + [f"{change} (from the flags)" for change in changes]
+
+
+def _restore_scaler(saved: dict[str, Any], state: TrainState) -> list[str]:
+    if saved["scaler"] or not state.scaler.is_enabled():
+        state.scaler.load_state_dict(saved["scaler"])  # a disabled scaler ignores it
+        return []
+    # Saved by a run without fp16 (a disabled scaler saves nothing): an enabled one
+    # refuses the empty state, so it starts at its initial loss scale.
+    return ["fp16 starts from the initial loss scale (the checkpoint was not fp16)"]

@@ -1,0 +1,71 @@
+"""What training carries from step to step, and what a checkpoint saves of it (no Ray)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass
+class TrainProgress:
+    """Where training stands; what a resumed run continues from."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    sample: int = 0
+    """Samples of the next epoch's order already trained (``ray_ddp.data.order.global_order``): 0 at
+    an epoch boundary, more in a mid-epoch checkpoint (``--checkpoint-every``) or a
+    ``--max-steps`` stop; a resumed run, at any world size, starts the epoch there."""
+    step: int = 0
+    """Optimizer steps taken."""
+    best_score: float | None = None
+    """The best ``val_<best_metric>`` so far (None before the first validation)."""
+
+    @classmethod
+    def from_saved(cls, saved: dict) -> TrainProgress:
+        """From a checkpoint's ``progress`` (fields of other versions dropped)."""
+        return cls(**{k: v for k, v in saved.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class EpochSums:
+    """One rank's running sums over the current epoch (a mid-epoch checkpoint keeps every
+    rank's, so the resumed epoch reports the same training loss at any world size)."""
+
+    loss_sum: float = 0.0
+    """Sum of per-sample training losses."""
+    samples: int = 0
+    ledger: list[tuple[int, int]] | None = None
+    """``(optimizer step, sample index)`` of every sample trained, with
+    ``--sample-ledger`` (a testing aid); None without."""
+
+
+@dataclass
+class TrainState:
+    """The objects an optimizer step changes: everything a checkpoint must hold."""
+
+    model: torch.nn.Module
+    """As trained: wrapped in DDP when there is more than one worker."""
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scaler: torch.amp.GradScaler
+    progress: TrainProgress = field(default_factory=TrainProgress)
+
+    @property
+    def lr(self) -> float:
+        return self.optimizer.param_groups[0]["lr"]
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside its wrappers (DDP's, DataParallel-like ones, torch.compile's), so
+    its ``state_dict`` has no ``module.`` or ``_orig_mod.`` prefixes."""
+    while True:
+        inner = model.__dict__.get("_modules", {}).get("_orig_mod")  # torch.compile's
+        if inner is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            inner = model.module
+        if inner is None and type(model).__name__ == "DataParallel":
+            inner = model.module
+        if inner is None:
+            return model
+        model = inner
