@@ -24,7 +24,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ray_ddp.cluster.resources import QUIET_LOCAL_RAY  # noqa: E402 - after the path is set
+from ray_ddp.cluster.connect import QUIET_LOCAL_RAY  # noqa: E402 - after the path is set
 
 # Ray reads this once, on import: every worker prints the same rank-table header and
 # restart lines, which deduplication would fold away (the entry points set it too).

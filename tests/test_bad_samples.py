@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.loaders import SeededSamples
 from ray_ddp.data.order.global_order import GlobalOrderBatches
+from ray_ddp.data.order.shards import ShardSampler
 from ray_ddp.data.unreadable import (
     BATCH,
     SKIPPED,
@@ -42,7 +43,6 @@ from ray_ddp.data.unreadable import (
     is_unreadable,
     message_of,
     read_rows,
-    settle,
     take_skipped,
 )
 from ray_ddp.driver.cli import train_main
@@ -51,9 +51,10 @@ from ray_ddp.image_classification.datasets import build_datasets
 from ray_ddp.reliability.attempts import last_attempt
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.worker.epoch import EpochTools, train_epoch
-from ray_ddp.worker.evaluate import ShardSampler, evaluate
+from ray_ddp.worker.evaluate import evaluate
 from ray_ddp.worker.state import EpochSums, TrainState
 from ray_ddp.worker.timing import StepTimer
+from ray_ddp.worker.unreadable import settle
 
 
 def _png(size: int = 32, seed: int = 0) -> bytes:
@@ -192,7 +193,7 @@ def test_a_loader_leaves_unreadable_samples_out_of_their_batch_and_names_them(tm
 
 
 def test_parquet_rows_are_named_by_file_and_row(tmp_path):
-    from ray_ddp.data.parquet import load
+    from ray_ddp.image_classification.parquet import load
 
     root = str(tmp_path / "data")
     corrupt = _write_parquet(root, bad_train=(9,), bad_val=())

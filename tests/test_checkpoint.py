@@ -13,12 +13,13 @@ from ray_ddp.checkpoint.format import (
     load_state,
     save_state,
     task_meta,
+    unwrap,
 )
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.image_classification.models import build_model
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
-from ray_ddp.worker.state import TrainProgress, TrainState, unwrap
+from ray_ddp.worker.state import TrainProgress, TrainState
 
 META = task_meta(
     BUILTIN_TASK, {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}

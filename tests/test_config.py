@@ -3,9 +3,10 @@ import re
 
 import pytest
 
+from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.config.batch import global_batch
 from ray_ddp.config.fields import flag_of
 from ray_ddp.config.sweep import SweepConfig, validate_sweep
-from ray_ddp.config.train import ConfigError, TrainConfig, global_batch, validate
 from ray_ddp.worker.optim import default_warmup, lr_factor
 
 

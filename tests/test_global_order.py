@@ -8,7 +8,8 @@ from collections import Counter, defaultdict
 
 import pytest
 
-from ray_ddp.data.order.global_order import EpochPlan, accumulation, busy_share
+from ray_ddp.config.batch import accumulation, busy_share
+from ray_ddp.data.order.global_order import EpochPlan
 
 # (training samples, per-worker batch, global batch, world sizes that keep it)
 CASES = [

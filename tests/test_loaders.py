@@ -14,8 +14,8 @@ from torch.utils.data import DataLoader, Dataset
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.loaders import SeededSamples
 from ray_ddp.data.order.global_order import GlobalOrderBatches
+from ray_ddp.data.seeding import sample_seed, seed_micro_batch
 from ray_ddp.image_classification.datasets import build_datasets
-from ray_ddp.worker.seeding import sample_seed, seed_micro_batch
 
 LARGE_SEED = 2**62
 

@@ -14,8 +14,9 @@ from formats import write_parquet_shards
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.order.global_order import EpochPlan
-from ray_ddp.data.order.stream_samplers import StreamedBatches, StreamedShard
-from ray_ddp.data.order.streamed import streaming_order
+from ray_ddp.data.order.shards import StreamedShard
+from ray_ddp.data.order.streamed_batches import StreamedBatches
+from ray_ddp.data.order.streaming import streaming_order
 from ray_ddp.data.parquet_stream import READ_AHEAD, SplitLayout, StreamingParquet, live_groups
 from ray_ddp.image_classification.datasets import build_datasets, describe_dataset
 

@@ -1,4 +1,4 @@
-"""``--data-engine ray``: Ray Data reads, decodes and streams (ray_ddp.data.ray_data.engine).
+"""``--data-engine ray``: Ray Data reads, decodes and streams (ray_ddp.data.ray_data).
 
 Fast tests check the pieces without Ray (refusals, decoding and skipping, the slots made
 from a stream); one Ray Data pass without a trainer checks the split guarantees row by
@@ -21,19 +21,13 @@ import torch
 from formats import class_image, png_bytes
 from PIL import Image
 
-from ray_ddp.cluster.resources import ClusterView
+from ray_ddp.cluster.resources import ClusterView, data_task_cpus
 from ray_ddp.config import ConfigError, TrainConfig, validate
-from ray_ddp.data.ray_data.engine import (
-    Decode,
-    SplitBuilder,
-    Splits,
-    StreamOrder,
-    data_task_cpus,
-    expected_steps,
-    split_items,
-    unreadable_actor,
-)
+from ray_ddp.data.ray_data.decode import Decode, split_items, unreadable_actor
+from ray_ddp.data.ray_data.driver import SplitBuilder, Splits
+from ray_ddp.data.ray_data.worker import StreamOrder, expected_steps
 from ray_ddp.data.unreadable import BATCH, SKIPPED
+from ray_ddp.image_classification.transforms import has_random_transform, image_decoder
 
 TASK = "ray_ddp.image_classification:ImageClassification"
 SIZE = 16
@@ -127,7 +121,10 @@ def test_decoding_skips_and_names_unreadable_rows(tmp_path):
     cfg = ray_cfg(str(tmp_path))
     items, layout = split_items(cfg, "train")
     reported = []
-    decode = Decode(layout, cfg, "train", lambda *a: reported.append(a))
+    decode = Decode(
+        layout, cfg, "train", lambda *a: reported.append(a), image_decoder,
+        has_random_transform(cfg),
+    )  # fmt: skip
     pieces = np.array([item["piece"] for item in items])
     out = list(decode({"piece": pieces}))
     assert sum(len(o["label"]) for o in out) == 88
@@ -216,7 +213,11 @@ def test_an_imagefolder_stream_gives_each_rank_an_equal_share_once(ray_session, 
         str(tmp_path), dataset="imagefolder", augment="none", name="folder",
         storage_path=str(tmp_path / "runs"),
     )  # fmt: skip
-    datasets = {split: SplitBuilder(cfg, split, 1.0)() for split in ("train", "val")}
+    augmented = has_random_transform(cfg)
+    datasets = {
+        split: SplitBuilder(cfg, split, 1.0, image_decoder, augmented)()
+        for split in ("train", "val")
+    }
     actor = unreadable_actor(cfg)
     take = lambda split: ray_session.get(actor.take.remote(split))  # noqa: E731
     train = Splits().configure({"train": datasets["train"]}, 2, None, None)
@@ -321,7 +322,7 @@ def test_parquet_trains_evaluates_exactly_and_resumes_by_restarting_the_epoch(
 def test_the_evaluation_loader_hands_over_unreadable_rows_as_records():
     """The evaluation loader hands rank 0's unreadable rows over in the records form
     ``bad_samples.take_skipped`` reads (a batch of none)."""
-    from ray_ddp.data.ray_data.engine import EvalBatches
+    from ray_ddp.data.ray_data.worker import EvalBatches
     from ray_ddp.data.unreadable import BadSample, take_skipped
 
     record = BadSample(7, "val.parquet row 7", "UnidentifiedImageError: x")

@@ -176,7 +176,7 @@ def _fake_checkpoint(directory) -> None:
 
 
 def test_resume_from_reads_a_checkpoint_uri(s3, tmp_path):
-    from ray_ddp.driver.preflight import load_checkpoint_state
+    from ray_ddp.checkpoint.format import load_checkpoint_state
 
     _fake_checkpoint(tmp_path / "ckpt")
     uri = f"s3://{BUCKET}/resume/run/checkpoint_1"
@@ -190,7 +190,7 @@ def test_resume_from_reads_a_checkpoint_uri(s3, tmp_path):
 def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, tmp_path):
     """On more than one node a worker may not see the driver's --resume-from path: it is
     copied into the run's storage, which every node sees. On one node it stays."""
-    from ray_ddp.driver.preflight import load_checkpoint_state
+    from ray_ddp.checkpoint.format import load_checkpoint_state
     from ray_ddp.driver.run import shared_resume_from
 
     _fake_checkpoint(tmp_path / "checkpoint_7")

@@ -69,7 +69,7 @@ def test_a_working_task_passes_with_its_sizes_and_a_named_instance_keeps_its_set
 def test_a_task_object_is_recorded_by_the_name_it_is_found_at():
     import broken_tasks
 
-    from ray_ddp.task.checks import spec_of
+    from ray_ddp.task.loading import spec_of
 
     assert spec_of(broken_tasks.WIDE) == "broken_tasks:WIDE"  # the instance, with its width
     assert spec_of(broken_tasks.Good()) == "broken_tasks:Good"

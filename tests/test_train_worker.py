@@ -22,7 +22,7 @@ class RunsOutOfMemory(torch.nn.Module):
     [("training", "--batch-size 64"), ("evaluation", "batches of 2 x --batch-size = 128")],
 )
 def test_out_of_memory_names_the_batch_in_training_and_in_evaluation(phase, size):
-    cfg = TrainConfig(batch_size=64, accum_steps=2)
+    cfg = TrainConfig(batch_size=64, accum_steps=2, num_workers=4)  # resolved, as in a worker
     with pytest.raises(RuntimeError) as raised, explain_oom(cfg, WORKER, phase):
         RunsOutOfMemory()(torch.zeros(1))
     message = str(raised.value)

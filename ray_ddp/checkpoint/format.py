@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ray_ddp.io.storage import atomic_path
-from ray_ddp.worker.state import EpochSums, TrainState, unwrap
+from ray_ddp.io.storage import atomic_path, is_uri, local_copy
+
+if TYPE_CHECKING:
+    from ray_ddp.worker.state import EpochSums, TrainState
 
 STATE_FILE = "state.pt"
 FORMAT_VERSION = 1
@@ -27,6 +29,20 @@ FORMAT_VERSION = 1
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used, with the reason."""
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside its wrappers (DDP's, DataParallel-like ones, torch.compile's), so
+    its ``state_dict`` has no ``module.`` or ``_orig_mod.`` prefixes."""
+    while True:
+        inner = model.__dict__.get("_modules", {}).get("_orig_mod")  # torch.compile's
+        if inner is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            inner = model.module
+        if inner is None and type(model).__name__ == "DataParallel":
+            inner = model.module
+        if inner is None:
+            return model
+        model = inner
 
 
 # ------------------------------------------------------------------ save / load
@@ -82,6 +98,21 @@ def load_state(directory: str) -> dict[str, Any]:
     return state
 
 
+def load_checkpoint_state(path: str) -> dict[str, Any]:
+    """:func:`load_state` of a checkpoint directory at a local path or a storage URI
+    (``s3://bucket/runs/<name>/checkpoint_...``: downloaded to a temporary directory)."""
+    if not is_uri(path):
+        return load_state(path)
+    try:
+        with local_copy(path) as directory:
+            try:
+                return load_state(directory)
+            except CheckpointError as exc:  # name the URI, not the temporary directory
+                raise CheckpointError(str(exc).replace(directory, path)) from exc
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
+
+
 def task_meta(task_spec: str, facts: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its model: the task that builds it and the facts it
     was built from (what a resume is checked against, and how evaluation rebuilds it)."""
@@ -125,7 +156,7 @@ def load_model(directory: str, task: Any = None) -> torch.nn.Module:
     storage URI (``s3://...``: downloaded to a temporary directory first). ``task``: the
     Task that trained it (default: the one the checkpoint names, imported)."""
     from ray_ddp.io.storage import is_uri, local_copy
-    from ray_ddp.task.checks import load_task
+    from ray_ddp.task.loading import load_task
 
     if is_uri(directory):
         with local_copy(directory) as local:

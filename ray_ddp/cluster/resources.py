@@ -1,20 +1,18 @@
-"""The driver's side of Ray: connect, size the request against the cluster, check that
-the storage is shared, in one pipeline that training, tuning and evaluation all go through.
-
-Ray itself would leave an unplaceable request pending forever; here the workers are
-counted onto the nodes one by one (``placement``): a request no node arrangement can hold
-fails at once, one that needs more nodes fails at once too unless ``--wait-for-resources``
-allows time, during which the cluster's autoscaler (``autoscaling``) is asked for the
-workers' nodes, and one that fits the nodes but not what is free now waits a bounded time.
-"""
+"""Where the workers can go: the nodes up and the node types an autoscaler may start,
+the worker count and the GPU rule, and waiting (a bounded time) for the nodes of a request,
+then for what is free on them. Ray itself would leave an unplaceable request pending
+forever; here the workers are counted onto the nodes one by one (``placement``): a request
+no node arrangement can hold fails at once, one that needs more nodes fails at once too
+unless ``--wait-for-resources`` allows time, during which the cluster's autoscaler
+(``autoscaling``) is asked for the workers' nodes, and one that fits the nodes but not what
+is free now waits a bounded time."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import time
-import uuid
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ray_ddp.cluster.autoscaling import asking_for, autoscaler_node_types
@@ -28,10 +26,6 @@ from ray_ddp.cluster.placement import (
     workers_text,
 )
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.driver.preflight import PreparedTask, check_batch_fits, preflight
-from ray_ddp.io.storage import is_uri, storage_location
-from ray_ddp.io.timeline import mark
-from ray_ddp.task import Task
 
 DEFAULT_CPU_WORKERS = 2
 RESOURCE_POLL_S = 2.0
@@ -43,63 +37,6 @@ PROGRESS_EVERY_S = 10.0  # a waiting driver's progress lines, not one per poll
 # A request for nodes outlives the wait by this much only if the driver dies (it is
 # withdrawn when the wait ends); by then the Train controller has made its own.
 REQUEST_GRACE_S = 60.0
-
-# A Ray started by this process for itself (not a cluster it joins) runs beside the
-# workers on the same cores: the background work that only clusters need is switched off.
-# Measured with benchmarks/run.py (2 cores, 2 workers, batch 256): 4751 vs 4506 samples/s
-# and the first step 2 s sooner (2 runs each). The dashboard is left out too (see connect),
-# and so are Ray Train's helper actors (lean_trainer, which also keeps these variables from
-# the workers' runtime environment).
-QUIET_LOCAL_RAY = {
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",  # no spot preemption on one machine
-    "RAY_TRAIN_METRICS_ENABLED": "0",  # Train's Prometheus metrics export
-    "RAY_USAGE_STATS_ENABLED": "0",  # usage telemetry at start-up
-}
-
-
-def prepare_cluster_run(
-    cfg: TrainConfig,
-    batch_sizes: Sequence[int] = (),
-    task: Task | None = None,
-    dashboard: bool = False,
-) -> tuple[TrainConfig, PreparedTask]:
-    """Preflight (of ``task``, else the one ``cfg.task`` names), connect, resolve the
-    workers, re-check the batch now that the worker count is known, and make the storage
-    absolute and shared; ``dashboard``: a local Ray must start its dashboard (a sweep
-    needs its State API, see :func:`connect`). Returns the resolved config
-    (``num_workers`` and ``use_gpu`` set, ``storage_path`` absolute or a URI) and the
-    checked task."""
-    prepared = preflight(cfg, batch_sizes, task)
-    mark("task and data checked")
-    connect(cfg.address, dashboard)
-    mark("Ray connected")
-    cfg = resolve_scaling(cfg)
-    for batch_size in batch_sizes or [cfg.batch_size]:
-        check_batch_fits(cfg, prepared.train_size, batch_size)
-    cfg = dataclasses.replace(cfg, storage_path=storage_location(cfg.storage_path))
-    check_shared_storage(cfg.storage_path)
-    return cfg, prepared
-
-
-def connect(address: str | None, dashboard: bool = False) -> None:
-    """Join the cluster at ``address`` (or RAY_ADDRESS), else start a local Ray.
-
-    A local Ray for one run starts without its dashboard: nothing in a run reads it once
-    Ray Train's PlacementGroupCleaner is left out (``lean_trainer``), and it is a process
-    tree of its own that starts with Ray and takes CPU beside the workers.
-    ``dashboard=True`` (a sweep: Tune's trials clean up through its State API) or
-    ``RAY_DDP_DASHBOARD=1`` (to watch a local run at http://127.0.0.1:8265) keep it."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
-        return
-    for key, value in QUIET_LOCAL_RAY.items():
-        os.environ.setdefault(key, value)  # the user's own setting wins
-    dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
-    ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
 
 
 def worker_resources(cfg: TrainConfig) -> dict[str, float]:
@@ -328,42 +265,43 @@ def _free_capacity(bundle: dict[str, float]) -> int:
     return capacity(bundle, [Nodes(free) for free in available_resources_per_node().values()])
 
 
-def _sees(path: str) -> bool:
-    return os.path.exists(path)
+MIN_TASK_CPUS = 0.25
+"""The least CPU share Ray Data's read-and-decode tasks (``--data-engine ray``) may run
+with; with less left by the workers the run is refused (Ray Data would wait forever)."""
 
 
-def check_shared_storage(path: str) -> None:
-    """Refuse a local ``path`` that some node of a multi-node cluster cannot see.
-
-    Checkpoints are written by the rank-0 worker, wherever Ray placed it, and read back by
-    whichever node a restarted worker lands on: on more than one node the storage must be
-    a URI (``s3://``, ``gs://``) or a path every node sees (NFS). A local path is checked
-    for real: the driver writes a marker file and a tiny task on every node looks for it."""
-    import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-    nodes = [n for n in ray.nodes() if n["Alive"]]
-    if len(nodes) <= 1 or is_uri(path):
-        return
-    os.makedirs(path, exist_ok=True)
-    marker = os.path.join(path, f".ray_ddp_shared_check_{uuid.uuid4().hex}")
-    with open(marker, "w") as f:
-        f.write("visible from every node?\n")
-    try:
-        probe = ray.remote(num_cpus=0)(_sees)
-        refs = [
-            probe.options(
-                scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-            ).remote(marker)
-            for n in nodes
-        ]
-        seen = ray.get(refs, timeout=120)
-    finally:
-        os.remove(marker)
-    blind = [n["NodeManagerAddress"] for n, ok in zip(nodes, seen, strict=True) if not ok]
-    if blind:
-        raise ConfigError(
-            f"--storage-path {path} is local to this machine: {len(blind)} of {len(nodes)} "
-            f"nodes ({', '.join(sorted(set(blind))[:3])}) cannot see it; use s3://, gs:// or "
-            "a path mounted on every node"
+def data_task_cpus(cfg: TrainConfig, view: ClusterView | None = None) -> float:
+    """The CPUs each of Ray Data's read-and-decode tasks asks for: 1, or what the workers
+    leave of the cluster's CPUs where that is less. Refuses (ConfigError) a run whose
+    workers leave less than ``MIN_TASK_CPUS``: Ray Data would wait for CPUs forever. On a
+    cluster whose autoscaler can add nodes, says so and asks for 1."""
+    if view is None:
+        view = read_cluster()
+    workers = cfg.num_workers or 0
+    held = workers * cfg.cpus_per_worker
+    left = view.total("CPU") - held
+    if left >= 1:
+        return 1.0
+    if left >= MIN_TASK_CPUS:
+        print(
+            f"--data-engine ray: the workers leave {left:g} CPU for Ray Data's reading and "
+            "decoding: training may wait for data (lower --cpus-per-worker to leave more)",
+            flush=True,
         )
+        return round(left, 2)
+    total = view.total("CPU")
+    if view.node_types:  # an autoscaler can add CPUs for Ray Data's tasks
+        print(
+            f"--data-engine ray: the workers hold {held:g} of the {total:g} CPUs up; Ray "
+            "Data's tasks wait for the autoscaler to add CPUs",
+            flush=True,
+        )
+        return 1.0
+    each = math.floor((total - 1) / workers * 100) / 100 if workers else 0
+    fix = f"--cpus-per-worker {each:g}" if each >= 0.01 else "fewer workers (--num-workers)"
+    raise ConfigError(
+        f"--data-engine ray reads and decodes in Ray tasks, which need CPUs the workers do "
+        f"not hold: the cluster has {total:g} CPUs and {workers} workers x "
+        f"{cfg.cpus_per_worker:g} take {held:g}; use {fix} to leave one for Ray Data, or "
+        "add CPUs"
+    )

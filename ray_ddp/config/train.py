@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ray_ddp.config.batch import MIN_BUSY, busy_share, global_batch
 from ray_ddp.config.fields import NON_NEGATIVE, POSITIVE, Bound, first_problem, option
 from ray_ddp.io.storage import join
 
@@ -95,12 +96,6 @@ def parse_workers(text: str) -> int | tuple[int, int]:
             f"expected a number of workers or a MIN-MAX range like 2-4, got {text!r}"
         ) from None
     return values
-
-
-def global_batch(per_worker: int, workers: int, accum: int) -> int:
-    """Samples per optimizer step across the run: every worker's micro-batch, times the
-    micro-batches each optimizer step accumulates."""
-    return per_worker * workers * accum
 
 
 @dataclass
@@ -436,7 +431,7 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def ray_engine_problem(cfg: TrainConfig) -> str | None:
-    """What ``--data-engine ray`` cannot do (see ``ray_ddp.data.ray_data.engine``), as the line
+    """What ``--data-engine ray`` cannot do (see ``ray_ddp.data.ray_data``), as the line
     that refuses it; None where it can run."""
     if cfg.checkpoint_every:
         return (
@@ -463,7 +458,6 @@ def check_worker_range(cfg: TrainConfig) -> None:
     workers idle for more than a quarter of each step (8 micro-batches over 6 workers: 2 on
     ranks 0-1, 1 on the others, 67% busy). The refusal names the smallest --accum-steps
     that keeps every count at least 75% busy."""
-    from ray_ddp.data.order.global_order import MIN_BUSY, busy_share
 
     low, high = cfg.min_workers, cfg.num_workers
     if high is None:

@@ -1,6 +1,6 @@
 """DataLoaders for one worker: the world-size-independent global order for training
-(``ray_ddp.data.order.global_order``), the exact ShardSampler for evaluation, both handed to
-``ray.train.torch.prepare_data_loader`` for device placement (host-to-GPU copies on a
+(``ray_ddp.data.order.global_order``), the exact evaluation shards (``order.shards``),
+both handed to ``ray.train.torch.prepare_data_loader`` for device placement (host-to-GPU copies on a
 side stream when on GPU).
 
 Exact resume, mid-epoch and at another world size included, rests on three things here:
@@ -16,20 +16,22 @@ Exact resume, mid-epoch and at another world size included, rests on three thing
 from __future__ import annotations
 
 import operator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
 from ray_ddp.config import BUILTIN_TASK, TrainConfig
 from ray_ddp.data.order.global_order import GlobalOrderBatches
+from ray_ddp.data.order.shards import ShardSampler, StreamedShard
+from ray_ddp.data.order.streamed_batches import StreamedBatches
 from ray_ddp.data.parquet_stream import StreamingParquet
-from ray_ddp.worker.seeding import sample_seed
-from ray_ddp.worker.evaluate import ShardSampler
-from ray_ddp.data.order.stream_samplers import StreamedBatches, StreamedShard
-from ray_ddp.task import Task
+from ray_ddp.data.seeding import sample_seed
+from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
+
+if TYPE_CHECKING:
+    from ray_ddp.task import Task
 
 
 class SeededSamples(Dataset):

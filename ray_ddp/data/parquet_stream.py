@@ -13,7 +13,7 @@ files' footers alone. Nothing else is read until a loader asks:
   GIL), keeping only the groups still to be used plus ``READ_AHEAD`` more.
 
 Which rows a rank trains, in which order, is the business of ``ray_ddp.data.order.global_order``
-(with ``ray_ddp.data.order.streamed`` for the two-level shuffle); this module only turns a
+(with ``ray_ddp.data.order.streaming`` for the two-level shuffle); this module only turns a
 sequence of row numbers into their values with bounded memory. See the README, "Data
 larger than memory", for the bound as a formula.
 """
@@ -32,6 +32,19 @@ from ray_ddp.config import ConfigError
 
 READ_AHEAD = 2
 """Row groups a stream reads beyond those the current batch needs (hides read latency)."""
+
+
+def split_path(data_dir: str, split: str) -> str:
+    """``<data_dir>/<split>.parquet`` or the folder ``<data_dir>/<split>/``, on local disk
+    or behind a pyarrow URI (``s3://``, ``gs://``)."""
+    from ray_ddp.io.storage import exists, join
+
+    for candidate in (join(data_dir, f"{split}.parquet"), join(data_dir, split)):
+        if exists(candidate):
+            return candidate
+    raise ConfigError(
+        f"parquet needs {data_dir}/{split}.parquet or a {data_dir}/{split}/ folder of Parquet files"
+    )
 
 
 @dataclass(frozen=True)

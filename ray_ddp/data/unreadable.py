@@ -52,7 +52,6 @@ from typing import Any
 
 from torch.utils.data import Dataset, Subset
 
-from ray_ddp.worker.collectives import all_gather
 from ray_ddp.io.storage import join, read_text, write_bytes
 
 BAD_SAMPLES_CSV = "bad_samples.csv"
@@ -218,53 +217,15 @@ class SkipLog:
         own = len(self.rows) - self.gathered
         if self.cap is None or self.total + own <= self.cap:
             return
-        head = f"rank {self.rank} met {_count(own)} in epoch {self.epoch + 1}"
+        head = f"rank {self.rank} met {count_text(own)} in epoch {self.epoch + 1}"
         if self.total:
             head += f" after {self.total} gathered from all ranks"
         mine = [(self.rank, b) for b in self.rows[self.gathered :]]
         raise BadSamplesError(stop_line(head, self.cap, mine, own, ranks=False))
 
 
-@dataclass(frozen=True)
-class EpochSkips:
-    """The epoch's unreadable samples, all ranks: what the epoch line and metrics show."""
-
-    train: int
-    val: int
-
-    @property
-    def total(self) -> int:
-        return self.train + self.val
-
-
-def settle(
-    run_dir: str,
-    log: SkipLog,
-    is_main: bool,
-    val: Sequence[tuple[int, BadSample]] = (),
-) -> EpochSkips:
-    """A collective (every rank calls it, at a mid-epoch checkpoint and at the epoch's
-    end): gathers the training records not yet gathered, rank 0 appends them and ``val``
-    (evaluation's, already gathered: (rank, record)) to ``<run>/bad_samples.csv``; every
-    rank raises BadSamplesError when the epoch is over ``log.cap``."""
-    parts = all_gather(log.rows[log.gathered :])
-    log.gathered = len(log.rows)
-    new = [(rank, record) for rank, part in enumerate(parts) for record in part]
-    log.total += len(new)
-    log.first += new[: max(0, SHOWN - len(log.first))]
-    rows = [("train", r, b) for r, b in new] + [("val", r, b) for r, b in val]
-    if is_main and rows:
-        append_rows(run_dir, log.epoch + 1, rows)
-    counts = EpochSkips(log.total, len(val))
-    if log.cap is not None and counts.total > log.cap:
-        named = (log.first + list(val))[:SHOWN]
-        head = f"{_count(counts.total)} in epoch {log.epoch + 1}"
-        where = join(run_dir, BAD_SAMPLES_CSV)
-        raise BadSamplesError(stop_line(head, log.cap, named, counts.total, csv=where))
-    return counts
-
-
-def _count(n: int) -> str:
+def count_text(n: int) -> str:
+    """``n unreadable sample(s)``."""
     return f"{n} unreadable sample{'' if n == 1 else 's'}"
 
 
@@ -310,11 +271,13 @@ def read_rows(run_dir: str) -> list[dict[str, str]]:
     return list(csv.DictReader(io.StringIO(text))) if text else []
 
 
-def skipped_line(epoch: int, skips: EpochSkips, evaluated: int, val_size: int, run_dir: str) -> str:
+def skipped_line(
+    epoch: int, train: int, val: int, evaluated: int, val_size: int, run_dir: str
+) -> str:
     """Rank 0's line on an epoch that skipped samples (what its figures then cover)."""
     return (
-        f"epoch {epoch + 1}: skipped {_count(skips.total)} ({skips.train} train, "
-        f"{skips.val} val), each named in {join(run_dir, BAD_SAMPLES_CSV)}; the training "
+        f"epoch {epoch + 1}: skipped {count_text(train + val)} ({train} train, "
+        f"{val} val), each named in {join(run_dir, BAD_SAMPLES_CSV)}; the training "
         f"loss and the validation metrics cover the samples that were read ({evaluated} of "
         f"{val_size} val)"
     )

@@ -124,7 +124,8 @@ def _train(argv: Sequence[str] | None) -> None:
         cfg = dataclasses.replace(cfg, progress_interval_s=5.0)
     validate(cfg)  # bad flags are refused before torch and Ray are imported
 
-    from ray_ddp.driver.run import run_training, write_summary
+    from ray_ddp.driver.run import run_training
+    from ray_ddp.driver.summary import write_summary
     from ray_ddp.io import reporting
     from ray_ddp.io.timeline import mark
 
@@ -174,7 +175,7 @@ def _tune(argv: Sequence[str] | None) -> None:
         )
     validate_sweep(sweep, cfg)
 
-    from ray_ddp.driver.run import write_summary
+    from ray_ddp.driver.summary import write_summary
     from ray_ddp.driver.sweep_results import results_table
     from ray_ddp.driver.tune import run_sweep
 
@@ -225,7 +226,7 @@ def _evaluate(argv: Sequence[str] | None) -> None:
         raise ConfigError(problem)
 
     from ray_ddp.driver.evaluate import results_text, run_evaluation
-    from ray_ddp.driver.run import write_summary
+    from ray_ddp.driver.summary import write_summary
 
     results = run_evaluation(args.checkpoint, args.split, overrides, args.predictions)
     print(results_text(results), flush=True)

@@ -12,10 +12,11 @@ any cluster work, and the Ray Train settings are built from :func:`scaling_worke
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any
 
+from ray_ddp.config.batch import saved_global_batch
 from ray_ddp.config.train import ConfigError, TrainConfig, check_worker_range
-from ray_ddp.driver.rerun_guard import recorded_global_batch
 
 
 def keep_global_batch(cfg: TrainConfig, saved: dict[str, Any] | None, what: str) -> TrainConfig:
@@ -25,7 +26,7 @@ def keep_global_batch(cfg: TrainConfig, saved: dict[str, Any] | None, what: str)
     change of what is trained, which the re-run guard judges)."""
     if saved is None or cfg.num_workers is None:
         return cfg
-    batch = recorded_global_batch(saved)
+    batch = saved_global_batch(saved)
     if (
         batch is None
         or saved.get("num_workers") == cfg.num_workers
@@ -61,3 +62,17 @@ def scaling_workers(cfg: TrainConfig) -> int | tuple[int, int]:
     """Ray Train's ``ScalingConfig(num_workers=...)``: a count, or (MIN, MAX) when elastic."""
     low, high = cfg.worker_range
     return (low, high) if cfg.elastic else high
+
+
+ELASTIC_START_TIMEOUT_S = 30
+"""How long Ray Train waits for a worker group to start, in elastic runs (its default is
+60 s). After a lost node Ray's elastic policy first restarts at the old size, counted from
+a view of the nodes its AutoscalingCoordinator refreshes every 20 s; that start cannot be
+placed and only its timeout lets the policy retry at the size that fits. Measured on a
+simulated cluster: 64 s from a lost node to training again with 60 s, 23 s with 10 s."""
+
+
+def quick_elastic_restarts() -> None:
+    """Shorten Ray Train's worker-group start timeout for an elastic run (a value the user
+    set wins). Ray Train hands RAY_TRAIN_* variables of the driver to its controller."""
+    os.environ.setdefault("RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S", str(ELASTIC_START_TIMEOUT_S))

@@ -62,8 +62,10 @@ def run_evaluation(
     import ray.train
 
     from ray_ddp.checkpoint.format import CheckpointError, load_state, saved_config, saved_task_meta
-    from ray_ddp.cluster.resources import prepare_cluster_run
-    from ray_ddp.driver.run import alive_nodes, build_trainer, shared_checkpoint
+    from ray_ddp.cluster.connect import alive_nodes
+    from ray_ddp.cluster.shared_storage import shared_checkpoint
+    from ray_ddp.driver.prepare import prepare_cluster_run
+    from ray_ddp.driver.trainer import build_trainer
 
     if split not in SPLITS:
         raise ConfigError(f"unknown --split {split!r}; choose val or train")

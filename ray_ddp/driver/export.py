@@ -20,7 +20,7 @@ import torch
 from ray_ddp.checkpoint.format import load_model, load_state, saved_config, saved_task_meta
 from ray_ddp.io.storage import atomic_path, is_uri, join, write_bytes
 from ray_ddp.task import Task
-from ray_ddp.task.checks import load_task
+from ray_ddp.task.loading import load_task
 
 STATE_DICT_FILE = "model_state_dict.pt"
 PROGRAM_FILE = "model.pt2"

@@ -11,12 +11,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ray_ddp.checkpoint.format import CheckpointError, check_compatible, load_state, task_meta
+from ray_ddp.checkpoint.format import (
+    CheckpointError,
+    check_compatible,
+    load_checkpoint_state,
+    task_meta,
+)
 from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.config.batch import global_batch
 from ray_ddp.driver.rerun_guard import check_rerun
-from ray_ddp.io.storage import is_uri, local_copy
 from ray_ddp.task import Task
-from ray_ddp.task.checks import check_facts, load_task, user_code
+from ray_ddp.task.checks import check_facts, user_code
+from ray_ddp.task.loading import load_task
 
 
 @dataclass(frozen=True)
@@ -70,21 +76,6 @@ def preflight(
     return prepared
 
 
-def load_checkpoint_state(path: str) -> dict[str, Any]:
-    """``checkpoint.load_state`` of a checkpoint directory at a local path or a storage URI
-    (``s3://bucket/runs/<name>/checkpoint_...``: downloaded to a temporary directory)."""
-    if not is_uri(path):
-        return load_state(path)
-    try:
-        with local_copy(path) as directory:
-            try:
-                return load_state(directory)
-            except CheckpointError as exc:  # name the URI, not the temporary directory
-                raise CheckpointError(str(exc).replace(directory, path)) from exc
-    except OSError as exc:
-        raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
-
-
 def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) -> None:
     """A per-worker batch larger than a worker's shard of the data is never filled: it is
     refused rather than run as something else. Needs num_workers; a no-op while it is
@@ -97,7 +88,7 @@ def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) 
             f"--batch-size {batch_size} (per worker) is larger than a worker's "
             f"share of the {train_size} training samples ({shard}); lower it"
         )
-    batch = batch_size * cfg.num_workers * cfg.accum_steps
+    batch = global_batch(batch_size, cfg.num_workers, cfg.accum_steps)
     if batch > train_size:
         raise ConfigError(
             f"--accum-steps {cfg.accum_steps} makes a global batch of {batch} ({batch_size} x "

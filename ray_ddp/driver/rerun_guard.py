@@ -18,6 +18,7 @@ import json
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config.batch import saved_global_batch
 from ray_ddp.config.fields import flag_name, resume_safe_fields
 from ray_ddp.io.storage import join, read_text, write_bytes
 
@@ -44,18 +45,10 @@ def config_changes(
         new = current[key]
         if old is not None and new is not None and old != new:
             changes.append(f"{flag_name(key)} {old} -> {new}")
-    old_batch, new_batch = recorded_global_batch(saved), recorded_global_batch(current)
+    old_batch, new_batch = saved_global_batch(saved), saved_global_batch(current)
     if global_batch and old_batch and new_batch and old_batch != new_batch:
         changes.append(f"global batch {old_batch} -> {new_batch}")
     return changes
-
-
-def recorded_global_batch(config: dict[str, Any]) -> int | None:
-    """The global batch of a config as a dict; None while the worker count is auto."""
-    workers = config.get("num_workers")
-    if not workers:
-        return None
-    return int(config.get("batch_size", 0) * workers * config.get("accum_steps", 1))
 
 
 def recorded_config(cfg: TrainConfig) -> dict[str, Any] | None:

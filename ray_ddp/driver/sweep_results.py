@@ -8,7 +8,7 @@ import io
 import os
 from typing import Any
 
-from ray_ddp.config.train import global_batch
+from ray_ddp.config.batch import global_batch
 from ray_ddp.io.plots import figure, integer_ticks, png_bytes
 from ray_ddp.io.storage import join, write_bytes
 

@@ -14,8 +14,8 @@ import math
 import time
 from typing import Any
 
-from ray_ddp.cluster.resources import prepare_cluster_run
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
+from ray_ddp.driver.prepare import prepare_cluster_run
 from ray_ddp.driver.sweep_results import trial_lr, trial_row, write_outputs
 from ray_ddp.io.storage import exists, join, storage_location, uri_of
 
@@ -54,8 +54,8 @@ def _run_trial(config: dict[str, Any]) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from ray_ddp.driver.preflight import PreparedTask
-    from ray_ddp.driver.run import build_trainer
-    from ray_ddp.task.checks import load_task
+    from ray_ddp.driver.trainer import build_trainer
+    from ray_ddp.task.loading import load_task
 
     base = TrainConfig.from_dict(config["train"])
     prepared = PreparedTask(load_task(base.task), config["facts"], None, None)
@@ -96,7 +96,8 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
 
-    from ray_ddp.driver.run import alive_nodes, shared_resume_from
+    from ray_ddp.cluster.connect import alive_nodes
+    from ray_ddp.driver.run import shared_resume_from
 
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
     name = cfg.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"

@@ -17,8 +17,8 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.data import parquet as parquet_data
 from ray_ddp.data.parquet_stream import StreamingParquet
+from ray_ddp.image_classification import parquet as parquet_data
 from ray_ddp.image_classification import synthetic as synthetic_data
 from ray_ddp.image_classification.transforms import (
     CIFAR_STATS,

@@ -5,6 +5,7 @@ reader (``datasets``, ``parquet_data``), which import it and not each other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -122,3 +123,13 @@ class RandomPadCrop(torch.nn.Module):
 
 def _to_rgb(image):
     return image.convert("RGB")
+
+
+def image_decoder(cfg: TrainConfig, train: bool) -> Any:
+    """``(input, label) -> (tensor, label tensor)``: the torch engine's decoding of a row,
+    for ``--data-engine ray``'s tasks (``ray_ddp.data.ray_data``)."""
+    from ray_ddp.data.parquet_stream import decoder
+
+    if cfg.feature_column:
+        return decoder(False, None)
+    return decoder(True, image_transform(cfg, train=train))

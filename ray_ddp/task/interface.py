@@ -61,20 +61,17 @@ data); its module must be importable on every node (see the README, "Your own mo
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset, default_collate
 
+from ray_ddp.task.batches import Batch, first_tensor
+
 if TYPE_CHECKING:
     from ray_ddp.config import TrainConfig
-
-Batch = Any
-"""What ``collate`` makes of a list of samples: a tensor, or tuples/lists/dicts of them.
-Ray moves it to the worker's device before ``loss`` and ``metrics`` see it (a namedtuple
-arrives as a plain tuple)."""
 
 
 class Sum(NamedTuple):
@@ -144,7 +141,7 @@ class Task(abc.ABC):
         """The number of samples in ``batch`` (default: the first tensor's first
         dimension), by which evaluation counts its samples. (Training weighs each
         micro-batch by the dataset samples the data order put in it.)"""
-        tensor = _first_tensor(batch)
+        tensor = first_tensor(batch)
         if tensor is None or tensor.dim() == 0:
             raise TypeError(
                 f"{type(self).__name__}.batch_size: a batch of {type(batch).__name__} holds no "
@@ -193,29 +190,3 @@ class Task(abc.ABC):
         from ray_ddp.task.checks import dry_run
 
         return dry_run(self, cfg, facts)
-
-
-def map_tensors(batch: Batch, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
-    """``batch`` with ``fn`` applied to every tensor in it (nested in tuples, namedtuples,
-    lists and dicts); anything else is kept as it is."""
-    if isinstance(batch, torch.Tensor):
-        return fn(batch)
-    if isinstance(batch, dict):
-        return {k: map_tensors(v, fn) for k, v in batch.items()}
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # a namedtuple
-        return type(batch)(*(map_tensors(v, fn) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(map_tensors(v, fn) for v in batch)
-    return batch
-
-
-def _first_tensor(batch: Batch) -> torch.Tensor | None:
-    if isinstance(batch, torch.Tensor):
-        return batch
-    values = batch.values() if isinstance(batch, dict) else batch
-    if isinstance(values, (list, tuple)) or isinstance(batch, dict):
-        for value in values:
-            found = _first_tensor(value)
-            if found is not None:
-                return found
-    return None

@@ -21,6 +21,7 @@ import torch
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.order.global_order import EpochPlan, GlobalOrderBatches
+from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import BadSamplesError, SkipLog, take_skipped
 from ray_ddp.io import reporting
 from ray_ddp.reliability.hangs import watchdog as watch
@@ -31,7 +32,6 @@ from ray_ddp.testing.harness import Harness
 from ray_ddp.worker.collectives import world_size
 from ray_ddp.worker.optim import optimizer_step
 from ray_ddp.worker.precision import autocast
-from ray_ddp.worker.seeding import seed_micro_batch
 from ray_ddp.worker.state import EpochSums, TrainState
 from ray_ddp.worker.timing import EpochTiming, StepTimer
 

@@ -10,36 +10,15 @@ training loop's validation and ``jobs/evaluate.py`` both use :func:`evaluate`.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
-from torch.utils.data import Sampler
 
 from ray_ddp.data.unreadable import BadSample, take_skipped
 from ray_ddp.task import Task, map_tensors
 from ray_ddp.worker.collectives import all_gather, is_distributed
 from ray_ddp.worker.precision import autocast
-
-
-class ShardSampler(Sampler[int]):
-    """Indices rank, rank + world_size, ...: every sample on exactly one rank, in order."""
-
-    def __init__(self, size: int, rank: int, world_size: int) -> None:
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank {rank} outside world of {world_size}")
-        self.size, self.rank, self.world_size = size, rank, world_size
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(range(self.rank, self.size, self.world_size))
-
-    def __len__(self) -> int:
-        return len(range(self.rank, self.size, self.world_size))
-
-    def global_index(self, position: int) -> int:
-        """The dataset index of this rank's ``position``-th sample."""
-        return self.rank + position * self.world_size
 
 
 @dataclass(frozen=True)

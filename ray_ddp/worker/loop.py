@@ -22,11 +22,13 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader
 
-from ray_ddp.checkpoint.format import check_compatible, task_meta
-from ray_ddp.config.train import TrainConfig, global_batch
+from ray_ddp.checkpoint.format import check_compatible, task_meta, unwrap
+from ray_ddp.config.batch import accumulation
+from ray_ddp.config.train import TrainConfig
 from ray_ddp.data.loaders import make_loaders
-from ray_ddp.data.order.global_order import GlobalOrderBatches, accumulation
-from ray_ddp.data.unreadable import EpochSkips, SkipLog, settle, skipped_line, take_skipped
+from ray_ddp.data.order.global_order import GlobalOrderBatches
+from ray_ddp.data.seeding import seed_initial_weights
+from ray_ddp.data.unreadable import SkipLog, skipped_line, take_skipped
 from ray_ddp.io import reporting
 from ray_ddp.io.run_logs import RunLogs
 from ray_ddp.io.storage import join, write_bytes
@@ -42,7 +44,13 @@ from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.worker.collectives import all_gather, broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
-from ray_ddp.worker.epoch import EpochPosition, EpochTools, max_steps_reached, train_epoch
+from ray_ddp.worker.epoch import (
+    WAITING_FOR_DATA,
+    EpochPosition,
+    EpochTools,
+    max_steps_reached,
+    train_epoch,
+)
 from ray_ddp.worker.evaluate import EvalResult, evaluate
 from ray_ddp.worker.flops import FlopRate, flops_line, peak_tflops, training_flops_per_sample
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
@@ -51,9 +59,9 @@ from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
 from ray_ddp.worker.report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.worker.resume import Restored, find_restore_point, restore_training
-from ray_ddp.worker.seeding import seed_initial_weights
-from ray_ddp.worker.state import EpochSums, TrainProgress, TrainState, unwrap
+from ray_ddp.worker.state import EpochSums, TrainProgress, TrainState
 from ray_ddp.worker.timing import EpochTiming, StepTimer
+from ray_ddp.worker.unreadable import EpochSkips, settle
 
 
 @dataclass
@@ -167,9 +175,9 @@ def train_restored(
     ledger = harness.sample_ledger
     partial = restore_training(restored, state, worker, cfg, data.steps_per_epoch, ledger)
     if cfg.data_engine == "ray":  # a Ray Data stream restarts an epoch it was inside
-        from ray_ddp.data.ray_data.engine import restart_epoch
+        from ray_ddp.worker.resume import restart_epoch
 
-        partial = restart_epoch(cfg, state, worker, data.steps_per_epoch, partial)
+        partial = restart_epoch(state, worker, data.steps_per_epoch, partial)
     counter = attach_counter(state.model) if cfg.comm_stats and is_distributed() else None
 
     me = f"rank {worker.rank}"
@@ -236,10 +244,13 @@ def train_restored(
 def build_worker_data(
     cfg: TrainConfig, worker: Worker, task: Task, facts: dict[str, Any], harness: Harness
 ) -> WorkerData:
-    if cfg.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.data.ray_data.engine)
-        from ray_ddp.data.ray_data.engine import worker_data
+    if cfg.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.data.ray_data)
+        from ray_ddp.data.ray_data.worker import worker_data
 
-        return WorkerData(**worker_data(cfg, worker))
+        def waiting(first: bool) -> None:  # before each step's batches come from Ray Data
+            watch.doing(WAITING_FOR_DATA, slow=first)
+
+        return WorkerData(**worker_data(cfg, worker, waiting))
     if cfg.download:
         for turn in (0, 1):
             if download_turn(worker.rank, worker.local_rank) == turn:
@@ -509,7 +520,11 @@ def count_unreadable(
     skips = settle(cfg.run_dir, tools.skips, worker.is_main, evaluated.skipped)
     if skips.total:
         epoch = tools.skips.epoch
-        worker.log(skipped_line(epoch, skips, evaluated.samples, data.val_size, cfg.run_dir))
+        worker.log(
+            skipped_line(
+                epoch, skips.train, skips.val, evaluated.samples, data.val_size, cfg.run_dir
+            )
+        )
     return skips
 
 
@@ -546,7 +561,7 @@ def explain_oom(cfg: TrainConfig, worker: Worker, phase: str) -> Iterator[None]:
     try:
         yield
     except torch.OutOfMemoryError as exc:
-        batch = global_batch(cfg.batch_size, worker.world_size, cfg.accum_steps)
+        batch = cfg.global_batch_size
         size = (
             f"batches of 2 x --batch-size = {2 * cfg.batch_size}"
             if phase == "evaluation"  # no activations kept for backward: twice the batch

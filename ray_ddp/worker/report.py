@@ -80,7 +80,7 @@ def checkpoint_and_report(
     }
     # One collective for all of it: every rank's partial sums (for the checkpoint) and its
     # speed and memory (for the balance table). No RNG states: the step's randomness is
-    # seeded per micro-batch (ray_ddp.worker.seeding), so a resume needs none.
+    # seeded per micro-batch (ray_ddp.data.seeding), so a resume needs none.
     gathered = all_gather({"sums": sums, "stats": stats})
     per_rank = [g["stats"] for g in gathered]
     if not metrics.get("mid_epoch"):

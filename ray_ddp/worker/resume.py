@@ -9,10 +9,9 @@ from typing import Any
 
 import ray.train
 
-from ray_ddp.checkpoint.format import CheckpointError, load_state
+from ray_ddp.checkpoint.format import CheckpointError, load_checkpoint_state, load_state
 from ray_ddp.config import TrainConfig
-from ray_ddp.data.order.global_order import accumulation
-from ray_ddp.driver.preflight import load_checkpoint_state
+from ray_ddp.config.batch import accumulation, saved_global_batch
 from ray_ddp.io.storage import list_checkpoints
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
@@ -108,7 +107,7 @@ def restore_training(
     if ledger and sums.ledger is None:
         sums.ledger = []
     notes += _world_size_change(saved, worker, cfg)
-    saved_batch = saved_global_batch(saved)
+    saved_batch = run_global_batch(saved)
     if saved_batch != cfg.global_batch_size:
         # Another global batch (--allow-config-change): another number of steps per
         # epoch, so the schedule continues at the epochs done, in this run's steps.
@@ -132,10 +131,10 @@ def saved_world_size(saved: dict[str, Any]) -> int:
     return int(saved.get("world_size") or len(saved.get("rng", [])) or 1)
 
 
-def saved_global_batch(saved: dict[str, Any]) -> int:
-    config = saved.get("config", {})
-    workers = config.get("num_workers") or saved_world_size(saved)
-    return int(config.get("batch_size", 0) * workers * config.get("accum_steps", 1))
+def run_global_batch(saved: dict[str, Any]) -> int:
+    """The global batch a checkpoint was trained with (older ones saved no worker count
+    in their config: the world size they were written at)."""
+    return saved_global_batch(saved.get("config", {}), saved_world_size(saved)) or 0
 
 
 def _partial_sums(saved: dict[str, Any], worker: Worker, ledger: bool) -> EpochSums:
@@ -154,11 +153,11 @@ def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) 
     if before == now:
         return []
     config = saved.get("config", {})
-    accum_before = saved_global_batch(saved) // max(1, config.get("batch_size", 1) * before)
+    accum_before = run_global_batch(saved) // max(1, config.get("batch_size", 1) * before)
     accum_now = accumulation(cfg.global_batch_size, cfg.batch_size, now)
     change = "lost" if now < before else "gained"
     workers = "worker" if abs(before - now) == 1 else "workers"
-    kept = saved_global_batch(saved) == cfg.global_batch_size
+    kept = run_global_batch(saved) == cfg.global_batch_size
     return [
         f"{change} {abs(before - now)} {workers} since the checkpoint: continuing on {now} "
         f"{'worker' if now == 1 else 'workers'}, "
@@ -187,3 +186,23 @@ def _restore_scaler(saved: dict[str, Any], state: TrainState) -> list[str]:
     # Saved by a run without fp16 (a disabled scaler saves nothing): an enabled one
     # refuses the empty state, so it starts at its initial loss scale.
     return ["fp16 starts from the initial loss scale (the checkpoint was not fp16)"]
+
+
+def restart_epoch(
+    state: TrainState, worker: Worker, steps_per_epoch: int, sums: EpochSums
+) -> EpochSums:
+    """``--data-engine ray``, after a restore: a position inside an epoch (a ``--max-steps``
+    stop) becomes the epoch's start (Ray Data's stream cannot start mid-epoch), and its
+    steps and sums are undone. Returns the sums to continue with."""
+    progress = state.progress
+    if not progress.sample:
+        return sums
+    progress.sample = 0
+    progress.step = progress.epoch * steps_per_epoch
+    set_schedule_step(state.scheduler, progress.step)
+    worker.log(
+        f"--data-engine ray: epoch {progress.epoch + 1} restarts from its first sample (a "
+        f"Ray Data stream cannot resume inside an epoch); the LR schedule goes back to "
+        f"step {progress.step}"
+    )
+    return EpochSums()  # no sample ledger with this engine (the driver refuses one)

@@ -55,17 +55,3 @@ class TrainState:
     @property
     def lr(self) -> float:
         return self.optimizer.param_groups[0]["lr"]
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside its wrappers (DDP's, DataParallel-like ones, torch.compile's), so
-    its ``state_dict`` has no ``module.`` or ``_orig_mod.`` prefixes."""
-    while True:
-        inner = model.__dict__.get("_modules", {}).get("_orig_mod")  # torch.compile's
-        if inner is None and isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            inner = model.module
-        if inner is None and type(model).__name__ == "DataParallel":
-            inner = model.module
-        if inner is None:
-            return model
-        model = inner

@@ -36,6 +36,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ray_ddp.config.batch import accumulation
+
 
 @dataclass(frozen=True)
 class Slot:
@@ -61,41 +63,6 @@ class Slot:
         return 0 if self.filler else len(self.indices)
 
 
-MIN_BUSY = 0.75
-"""An elastic range is refused where some worker count in it would keep the workers busy
-less than this share of each step (see :func:`busy_share`)."""
-
-
-def micro_batches(global_batch: int, batch_size: int) -> int:
-    """Micro-batches per optimizer step."""
-    per_step, rest = divmod(global_batch, batch_size)
-    if rest or not per_step:
-        raise ValueError(
-            f"a global batch of {global_batch} is not a whole number of micro-batches of "
-            f"{batch_size}"
-        )
-    return per_step
-
-
-def accumulation(global_batch: int, batch_size: int, world_size: int) -> int:
-    """The most micro-batches one of ``world_size`` ranks trains per optimizer step (all
-    of them train as many where ``world_size`` divides the step's micro-batches)."""
-    per_step = micro_batches(global_batch, batch_size)
-    if world_size > per_step:
-        raise ValueError(
-            f"{world_size} workers need at least {world_size} micro-batches per step, and a "
-            f"global batch of {global_batch} makes {per_step} of {batch_size}"
-        )
-    return -(-per_step // world_size)
-
-
-def busy_share(per_step: int, world_size: int) -> float:
-    """The share of a step the workers spend training when ``per_step`` micro-batches are
-    split over ``world_size`` of them: 1.0 where it divides, less where some wait for the
-    ranks with one micro-batch more (8 over 6: 2 on ranks 0-1, 1 on the others, 67%)."""
-    return per_step / (world_size * -(-per_step // world_size))
-
-
 @dataclass(frozen=True)
 class EpochPlan:
     """Epoch ``epoch``'s micro-batches and steps from sample ``start`` of its order."""
@@ -109,7 +76,7 @@ class EpochPlan:
     start: int = 0
     pieces: tuple[int, ...] | None = None
     """A streamed split's row groups (their row counts, in the split's numbering): the
-    order is then ``ray_ddp.data.order.streamed``'s two-level shuffle instead of a permutation."""
+    order is then ``ray_ddp.data.order.streaming``'s two-level shuffle instead of a permutation."""
     buffer: int = 0
     """The streamed order's shuffle window, in rows (``--shuffle-buffer``)."""
 
@@ -145,7 +112,7 @@ class EpochPlan:
 
     def order(self) -> list[int]:
         if self.pieces is not None:
-            from ray_ddp.data.order.streamed import streaming_order
+            from ray_ddp.data.order.streaming import streaming_order
 
             return streaming_order(
                 self.pieces, self.buffer, self.seed, self.epoch, self.micro_per_step,

@@ -18,21 +18,12 @@ import torch
 from torch.utils.data import Dataset
 
 from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.data.parquet_stream import SplitLayout, StreamingParquet, decoder
-from ray_ddp.image_classification.transforms import DEFAULT_FILE_IMAGE_SIZE, DatasetInfo, image_transform
-
-
-def split_path(data_dir: str, split: str) -> str:
-    """``<data_dir>/<split>.parquet`` or the folder ``<data_dir>/<split>/``, on local disk
-    or behind a pyarrow URI (``s3://``, ``gs://``)."""
-    from ray_ddp.io.storage import exists, join
-
-    for candidate in (join(data_dir, f"{split}.parquet"), join(data_dir, split)):
-        if exists(candidate):
-            return candidate
-    raise ConfigError(
-        f"parquet needs {data_dir}/{split}.parquet or a {data_dir}/{split}/ folder of Parquet files"
-    )
+from ray_ddp.data.parquet_stream import SplitLayout, StreamingParquet, decoder, split_path
+from ray_ddp.image_classification.transforms import (
+    DEFAULT_FILE_IMAGE_SIZE,
+    DatasetInfo,
+    image_transform,
+)
 
 
 def _check_columns(layout: SplitLayout, columns: list[str]) -> None:

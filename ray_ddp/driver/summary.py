@@ -1,0 +1,72 @@
+"""What a finished run reports: its final and best validation figures, the best
+checkpoint, sizes and speed (the summary ``jobs/train.py`` prints and ``--summary-json``
+writes)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ray_ddp.config import TrainConfig
+from ray_ddp.io.storage import uri_of, write_bytes
+from ray_ddp.task import Task
+
+
+def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[str, Any]:
+    """Final and best validation figures, the best checkpoint, sizes and speed."""
+    info = result.return_value or {}
+    score = f"val_{task.best_metric}"
+    # Mid-epoch checkpoints carry no validation: never the best.
+    scored = [
+        (c, m) for c, m in (result.best_checkpoints or []) if score in m and not m.get("mid_epoch")
+    ]
+    pick_best = max if task.best_mode == "max" else min
+    best_ckpt, best_metrics = (
+        pick_best(scored, key=lambda cm: cm[1][score]) if scored else (None, {})
+    )
+    final_metrics = result.metrics or {}
+
+    def full(path: str) -> str:
+        # Ray's paths drop the scheme and options of a URI storage (s3://...): put them back.
+        return uri_of(cfg.storage_path, path)
+
+    def pick(metrics: dict[str, Any]) -> dict[str, Any]:
+        kept = ("epoch", "evaluated_samples")
+        return {k: v for k, v in metrics.items() if k in kept or k.startswith("val_")}
+
+    train_seconds = info.get("train_seconds", 0.0)
+    return {
+        "name": cfg.name,
+        "run_dir": full(result.path),
+        # The workers of the attempt that finished (an elastic run may end on fewer).
+        "world_size": info.get("world_size", cfg.num_workers),
+        "worker_range": list(cfg.worker_range),
+        "device": "gpu" if cfg.use_gpu else "cpu",
+        "per_worker_batch_size": cfg.batch_size,
+        "accum_steps": final_metrics.get("accum_steps", cfg.accum_steps),
+        "global_batch_size": cfg.global_batch_size,
+        "epochs": cfg.epochs,
+        # The worker's own count: a --max-steps stop inside an epoch reports its figures
+        # under that epoch's number without completing it.
+        "epochs_completed": info.get("epochs_completed", final_metrics.get("epoch", 0)),
+        "steps": final_metrics.get("step", 0),
+        "score": score,
+        "score_mode": task.best_mode,
+        "final": pick(final_metrics),
+        "best": {**pick(best_metrics), "checkpoint": full(best_ckpt.path)} if best_ckpt else {},
+        "latest_checkpoint": full(result.checkpoint.path) if result.checkpoint else None,
+        "history": info.get("history", []),
+        "ranks": info.get("ranks", []),
+        "per_rank": info.get("per_rank", []),
+        "wall_s": wall_s,
+        "samples_per_s": info.get("samples_seen", 0) / train_seconds if train_seconds else 0.0,
+        "timing": info.get("timing", {}),
+        "flops_per_sample": info.get("flops_per_sample"),
+        # TFLOP/s (and MFU on GPUs of a known peak) over the run's training time.
+        "utilisation": info.get("utilisation", {}),
+    }
+
+
+def write_summary(summary: dict[str, Any], path: str) -> None:
+    """Write JSON completely or not at all (a local path or a storage URI)."""
+    write_bytes(path, json.dumps(summary, indent=2).encode())

@@ -1,0 +1,83 @@
+"""The TorchTrainer of a run: its scaling, failure, checkpoint and logging settings, the
+loop every worker runs, and Ray Train itself (lean or stock: ``ray_ddp.compat``). Shared
+by single runs, Tune trials and the evaluation job, so all run exactly the same loop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray_ddp.cluster.resources import worker_resources
+from ray_ddp.config import TrainConfig
+from ray_ddp.driver.elastic import scaling_workers
+from ray_ddp.driver.preflight import PreparedTask
+from ray_ddp.reliability.hangs.settings import nccl_env, process_group_timeout_s
+from ray_ddp.reliability.retry_policy import stop_hopeless_retries
+from ray_ddp.testing.harness import NONE, Harness
+
+
+def build_trainer(
+    cfg: TrainConfig,
+    prepared: PreparedTask,
+    callbacks: list | None = None,
+    loop: Any = None,
+    loop_config: dict[str, Any] | None = None,
+    harness: Harness = NONE,
+):
+    """The TorchTrainer for a resolved config (named, absolute storage, workers known)
+    and its checked task. Shared by single runs and Tune trials, so both run exactly the
+    same loop."""
+    from ray.train import (
+        CheckpointConfig,
+        FailureConfig,
+        LoggingConfig,
+        RunConfig,
+        ScalingConfig,
+    )
+    from ray.train.torch import TorchConfig
+
+    from ray_ddp.compat.lean_trainer import LeanTorchTrainer
+    from ray_ddp.worker.loop import loop_config as train_loop_config
+    from ray_ddp.worker.loop import train_loop_per_worker
+
+    task = prepared.task
+    if loop_config is None:
+        loop_config = train_loop_config(cfg, task, prepared.facts, harness)
+    ray_data: dict[str, Any] = {}
+    if cfg.data_engine == "ray" and loop is None:  # built when the workers start
+        from ray_ddp.cluster.resources import data_task_cpus
+        from ray_ddp.data.ray_data.driver import trainer_datasets
+        from ray_ddp.image_classification.transforms import has_random_transform, image_decoder
+
+        cpus = data_task_cpus(cfg)
+        ray_data = trainer_datasets(cfg, cpus, image_decoder, has_random_transform(cfg))
+    return LeanTorchTrainer(
+        loop or train_loop_per_worker,  # the evaluation job passes its own
+        train_loop_config=loop_config,
+        **ray_data,  # datasets and their split (--data-engine ray)
+        # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
+        torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg)),
+        scaling_config=ScalingConfig(
+            num_workers=scaling_workers(cfg),
+            use_gpu=cfg.use_gpu,
+            resources_per_worker=worker_resources(cfg),
+            placement_strategy=cfg.placement_strategy,
+            elastic_resize_monitor_interval_s=cfg.resize_check_s,  # elastic runs only
+        ),
+        run_config=RunConfig(
+            name=cfg.name,
+            storage_path=cfg.storage_path,
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=cfg.keep_checkpoints,
+                checkpoint_score_attribute=f"val_{task.best_metric}",
+                checkpoint_score_order=task.best_mode,
+            ),
+            # Ray Train's per-report INFO lines would drown the epoch lines.
+            logging_config=LoggingConfig(log_level="WARNING"),
+            callbacks=[
+                stop_hopeless_retries(cfg.run_dir),
+                *(callbacks or []),
+            ],
+            failure_config=FailureConfig(max_failures=cfg.failures_allowed),
+            worker_runtime_env={"env_vars": nccl_env(cfg)} if cfg.use_gpu else None,
+        ),
+    )
