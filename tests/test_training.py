@@ -187,30 +187,28 @@ def test_exported_model_loads_without_ray_and_predicts_the_same(first_run, tmp_p
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
 
 
-def test_bf16_autocast_trains_a_torchvision_model_on_cpu(ray_session, storage):
-    """A torchvision model by name (resnet18, BatchNorm) under bf16 autocast on CPU
-    workers. (Validation with rank 0's BatchNorm statistics, equal to one process's, is
-    checked on first_run, whose small_resnet has BatchNorm too.)"""
+def test_bf16_autocast_trains_on_cpu(ray_session, storage):
     summary = run_training(
         TrainConfig(
-            num_workers=2, amp="bf16", model="resnet18", train_samples=1024, val_samples=101,
-            batch_size=32, lr=0.01, epochs=2, storage_path=storage, name="bf16", export=False,
-            tensorboard=False,
+            num_workers=2, amp="bf16", train_samples=1024, val_samples=101, epochs=2,
+            storage_path=storage, name="bf16", export=False, tensorboard=False,
         )
     )  # fmt: skip
     history = summary["history"]
     assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
     assert history[-1]["train_loss"] < history[0]["train_loss"]
     assert summary["final"]["evaluated_samples"] == 101
-    assert type(load_model(summary["latest_checkpoint"])).__name__ == "ResNet"
 
 
 def test_imagefolder_files_train_across_workers_and_every_rank_speaks_when_asked(
     ray_session, storage, tmp_path
 ):
-    """Real PNG files decoded in DataLoader worker processes inside Ray workers, trained by
-    jobs/train.py; --log-all-ranks shows every rank's lines, tagged (rank 0 only, untagged,
-    is the default: test_reliability checks that on its drivers' output)."""
+    """Real PNG files decoded in DataLoader worker processes inside Ray workers, a
+    torchvision model by name (resnet18, BatchNorm), trained by jobs/train.py;
+    --log-all-ranks shows every rank's lines, tagged (rank 0 only, untagged, is the
+    default: test_reliability checks that on its drivers' output). (Validation with rank
+    0's BatchNorm statistics, equal to one process's, is checked on first_run, whose small
+    ResNet has BatchNorm too.)"""
     import json
     import subprocess
     import sys
@@ -222,6 +220,7 @@ def test_imagefolder_files_train_across_workers_and_every_rank_speaks_when_asked
     loud = subprocess.run(
         [sys.executable, os.path.join(root, "jobs", "train.py"), "--address", address,
          "--dataset", "imagefolder", "--data-dir", str(tmp_path / "data"), "--image-size", "16",
+         "--model", "resnet18",
          "--batch-size", "8", "--epochs", "2", "--loader-workers", "1", "--lr", "1e-2",
          "--storage-path", storage, "--name", "folder", "--log-all-ranks",
          "--summary-json", summary_json],
@@ -232,7 +231,8 @@ def test_imagefolder_files_train_across_workers_and_every_rank_speaks_when_asked
     with open(summary_json) as file:
         summary = json.load(file)
     assert summary["final"]["evaluated_samples"] == 15
-    assert load_model(summary["latest_checkpoint"])(torch.zeros(1, 3, 16, 16)).shape == (1, 3)
+    model = load_model(summary["latest_checkpoint"])
+    assert type(model).__name__ == "ResNet" and model(torch.zeros(1, 3, 16, 16)).shape == (1, 3)
 
 
 # ------------------------------------------------- the first run, continued (last: they add
