@@ -14,9 +14,8 @@ import pytest
 
 from ray_ddp.cluster.autoscaling import (
     UNLIMITED,
-    monitor_config_path,
-    types_from_cluster_config,
     types_from_launcher_config,
+    types_from_node_groups,
 )
 from ray_ddp.cluster.placement import (
     Nodes,
@@ -29,6 +28,7 @@ from ray_ddp.cluster.placement import (
     worker_text,
 )
 from ray_ddp.cluster.resources import ClusterView, choose_workers, wait_for_nodes
+from ray_ddp.compat.cluster_state import monitor_config_path
 from ray_ddp.config.train import ConfigError, TrainConfig, parse_resources, validate
 
 GPU_NODE = {"CPU": 48.0, "GPU": 4.0, "memory": 1e11}  # a g5.12xlarge
@@ -141,7 +141,7 @@ def test_node_types_come_from_a_cluster_config_published_in_the_gcs():
     ]:
         group = config.node_group_configs.add(name=name, max_count=max_count)
         group.resources.update(resources)
-    assert types_from_cluster_config(config) == (
+    assert types_from_node_groups(config.node_group_configs) == (
         [Nodes({"CPU": 48.0, "GPU": 4.0}, 4), Nodes({"CPU": 2.0}, UNLIMITED)],
         None,
     )

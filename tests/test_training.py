@@ -187,17 +187,31 @@ def test_exported_model_loads_without_ray_and_predicts_the_same(first_run, tmp_p
     torch.testing.assert_close(torch.load(tmp_path / "y.pt"), expected)
 
 
-def test_bf16_autocast_trains_on_cpu(ray_session, storage):
-    summary = run_training(
+def test_bf16_autocast_trains_on_cpu_with_rays_stock_trainer(ray_session, storage, monkeypatch):
+    """Also the one run on Ray Train's stock TorchTrainer (RAY_DDP_STOCK_TRAINER=1): what a
+    Ray release ray_ddp's lean start-up was not verified on gets (ray_ddp.compat)."""
+    from ray_ddp.compat import versions
+
+    monkeypatch.setenv(versions.STOCK_ENV, "1")
+    versions.lean_trainer_ok.cache_clear()
+    try:
+        assert versions.torch_trainer_class().__name__ == "TorchTrainer"
+        summary = _bf16_run(storage)
+    finally:
+        versions.lean_trainer_ok.cache_clear()
+    history = summary["history"]
+    assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
+    assert history[-1]["train_loss"] < history[0]["train_loss"]
+    assert summary["final"]["evaluated_samples"] == 101
+
+
+def _bf16_run(storage: str) -> dict:
+    return run_training(
         TrainConfig(
             num_workers=2, amp="bf16", train_samples=1024, val_samples=101, epochs=2,
             storage_path=storage, name="bf16", export=False, tensorboard=False,
         )
     )  # fmt: skip
-    history = summary["history"]
-    assert len(history) == 2 and all(torch.isfinite(torch.tensor(m["train_loss"])) for m in history)
-    assert history[-1]["train_loss"] < history[0]["train_loss"]
-    assert summary["final"]["evaluated_samples"] == 101
 
 
 def test_imagefolder_files_train_across_workers_and_every_rank_speaks_when_asked(

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from ray_ddp.cluster.autoscaling import asking_for, autoscaler_node_types
+from ray_ddp.cluster.autoscaling import autoscaler_node_types
 from ray_ddp.cluster.placement import (
     Nodes,
     capacity,
@@ -25,6 +25,8 @@ from ray_ddp.cluster.placement import (
     worker_text,
     workers_text,
 )
+from ray_ddp.compat.autoscaler import asking_for
+from ray_ddp.compat.cluster_state import free_resources_per_node
 from ray_ddp.config import ConfigError, TrainConfig
 
 DEFAULT_CPU_WORKERS = 2
@@ -260,9 +262,7 @@ def wait_until_free(cfg: TrainConfig) -> None:
 
 
 def _free_capacity(bundle: dict[str, float]) -> int:
-    from ray._private.state import available_resources_per_node
-
-    return capacity(bundle, [Nodes(free) for free in available_resources_per_node().values()])
+    return capacity(bundle, [Nodes(free) for free in free_resources_per_node()])
 
 
 MIN_TASK_CPUS = 0.25

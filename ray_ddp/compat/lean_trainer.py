@@ -28,8 +28,9 @@ actors that a local run has no use for, and starts its workers the slow way:
   other variables the user set (usually none).
 
 A cluster outlives the job, and a Tune trial runs in an actor of its own rather than in
-the process that started Ray: both get Ray Train as it is. Ray is pinned
-(pyproject.toml); ``tests/test_training.py::test_a_local_run_starts_only_the_actors_it_uses``
+the process that started Ray: both get Ray Train as it is. Used only on the Ray releases it
+was verified on (``versions``); ``apis.LEAN`` lists every private name below with its
+signature there, and ``tests/test_training.py::test_a_local_run_starts_only_the_actors_it_uses``
 counts the actors a local fit starts.
 """
 
@@ -41,15 +42,23 @@ from typing import Any
 
 import ray
 from ray.train.torch import TorchTrainer
+
+# The helper actors a local run leaves out are started by these callbacks (no public API
+# chooses Ray Train's default callbacks).
 from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
 from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
 )
+
+# The controller's settings and the variables Ray Train hands on to its controller and workers.
 from ray.train.v2._internal.constants import (
     ENABLE_PREEMPTION_WATCHER_ENV_VAR,
     HEALTH_CHECK_INTERVAL_S_ENV_VAR,
     get_env_vars_to_propagate,
 )
+
+# The controller, started here as DataParallelTrainer starts it, and the fixed-size policy
+# whose autoscaler requests a local Ray does not need.
 from ray.train.v2._internal.execution.controller import TrainController
 from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
 
@@ -62,6 +71,7 @@ measured on 2 cores, a 1-epoch run took 9.5 s instead of 14 s at 0.5 s."""
 def ray_started_here() -> bool:
     """This process started the Ray it is connected to (``ray.init`` without an address):
     that Ray, its placement groups included, ends when this process does."""
+    # Whether ray.init started the Ray this process is connected to: no public API says.
     node = getattr(ray._private.worker, "_global_node", None)
     return bool(getattr(node, "ray_init_cluster", False))
 
@@ -148,6 +158,7 @@ class LeanTorchTrainer(TorchTrainer):
         }
         controller_actor_cls = ray.remote(
             num_cpus=0,
+            # On the driver's node, as Ray Train puts it: the node-id label key is private.
             label_selector={ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
             runtime_env={"env_vars": env_vars},
         )(LocalTrainController)

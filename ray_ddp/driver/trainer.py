@@ -35,7 +35,7 @@ def build_trainer(
     )
     from ray.train.torch import TorchConfig
 
-    from ray_ddp.compat.lean_trainer import LeanTorchTrainer
+    from ray_ddp.compat.versions import torch_trainer_class
     from ray_ddp.worker.loop import loop_config as train_loop_config
     from ray_ddp.worker.loop import train_loop_per_worker
 
@@ -50,7 +50,7 @@ def build_trainer(
 
         cpus = data_task_cpus(cfg)
         ray_data = trainer_datasets(cfg, cpus, image_decoder, has_random_transform(cfg))
-    return LeanTorchTrainer(
+    return torch_trainer_class()(
         loop or train_loop_per_worker,  # the evaluation job passes its own
         train_loop_config=loop_config,
         **ray_data,  # datasets and their split (--data-engine ray)

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import resource
 import socket
@@ -16,6 +15,7 @@ import ray.train
 import ray.train.torch
 import torch
 
+from ray_ddp.compat.train_logging import quiet_report_lines
 from ray_ddp.worker.collectives import all_gather
 
 
@@ -50,7 +50,7 @@ def start_worker(
     cpus_per_worker: float, log_prefix: str = "", log_all_ranks: bool = False
 ) -> Worker:
     """This process as a worker: its ranks and device, its share of the CPU, quiet logs."""
-    _quiet_report_lines()
+    quiet_report_lines()
     context = ray.train.get_context()
     rank = context.get_world_rank()
     # Ray reserved cpus_per_worker CPUs for this process; more threads would oversubscribe.
@@ -63,15 +63,6 @@ def start_worker(
         log_prefix=log_prefix + (f"[rank {rank}] " if log_all_ranks else ""),
         log_all_ranks=log_all_ranks,
     )
-
-
-def _quiet_report_lines() -> None:
-    """Ray 2.60 logs every ``report`` call at INFO from a logger named after its file
-    path (outside ``ray.train``, so LoggingConfig's level does not reach it): two lines
-    per epoch that would bury ours. Raise that one logger to WARNING."""
-    from ray.train.v2._internal.execution import context as train_context
-
-    logging.getLogger(train_context.__file__).setLevel(logging.WARNING)
 
 
 def rank_rows(worker: Worker) -> list[dict[str, Any]]:

@@ -1,0 +1,115 @@
+"""The package's architecture, held in seconds (no Ray started): the import contracts of
+pyproject.toml (layers, the worker and data rules, Ray's private modules behind
+ray_ddp.compat, no circles), no mention of Ray's private modules elsewhere, every private
+Ray name compat uses still where it was, and the command-line flags unchanged."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from ray_ddp.compat import apis, versions
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PRIVATE = re.compile(r"ray\._private|ray\._raylet|ray\.[\w.]*\._internal|ray\._common")
+
+
+def test_the_import_contracts_hold():
+    lint = os.path.join(os.path.dirname(sys.executable), "lint-imports")
+    done = subprocess.run([lint], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "Contracts: 5 kept, 0 broken." in done.stdout
+
+
+def _shipped_files() -> list[str]:
+    """Every file shipped or run by users: the package, the jobs, examples, benchmarks."""
+    found = []
+    for top in ("ray_ddp", "jobs", "examples", "benchmarks"):
+        for folder, _, names in os.walk(os.path.join(ROOT, top)):
+            found += [os.path.join(folder, n) for n in names if n.endswith((".py", ".sh"))]
+    return found
+
+
+def test_only_the_compat_package_mentions_rays_private_modules():
+    compat = os.path.join(ROOT, "ray_ddp", "compat") + os.sep
+    offenders = []
+    for path in _shipped_files():
+        if path.startswith(compat):
+            continue
+        with open(path) as file:
+            for number, line in enumerate(file, 1):
+                if PRIVATE.search(line):
+                    offenders.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+@pytest.mark.skipif(
+    versions.ray_version() not in versions.VERIFIED_RAY, reason="a Ray ray_ddp was not verified on"
+)
+@pytest.mark.parametrize("name", apis.LEAN + apis.OTHERS, ids=lambda p: f"{p.module}:{p.name}")
+def test_every_private_ray_name_compat_uses_is_where_it_was(name):
+    """On a verified Ray each name resolves, and a callable has the parameters the code
+    calls or overrides it with."""
+    name.resolve()  # raises naming the module or attribute that moved
+    if name.params is not None:
+        assert name.parameters() == name.params, f"{name.module}:{name.name} changed"
+
+
+def test_the_lean_trainer_repeats_the_stock_method_of_this_ray():
+    version = versions.ray_version()
+    if version not in versions.VERIFIED_RAY:
+        pytest.skip(f"Ray {version}: the stock trainer runs")
+    assert apis.stock_source_digest() == apis.STOCK_SOURCE[version], (
+        "DataParallelTrainer._initialize_and_run_controller changed: read it against "
+        "ray_ddp/compat/lean_trainer.py before trusting this Ray"
+    )
+
+
+def test_another_ray_or_the_switch_gets_the_stock_trainer(monkeypatch, capsys):
+    from ray.train.torch import TorchTrainer
+
+    from ray_ddp.compat.lean_trainer import LeanTorchTrainer
+
+    versions.lean_trainer_ok.cache_clear()
+    try:
+        assert versions.torch_trainer_class() is LeanTorchTrainer  # this (verified) Ray
+        versions.lean_trainer_ok.cache_clear()
+        monkeypatch.setenv(versions.STOCK_ENV, "1")
+        assert versions.torch_trainer_class() is TorchTrainer
+        monkeypatch.delenv(versions.STOCK_ENV)
+        versions.lean_trainer_ok.cache_clear()
+        monkeypatch.setattr(versions, "ray_version", lambda: "9.99.0")
+        assert versions.torch_trainer_class() is TorchTrainer
+        assert versions.torch_trainer_class() is TorchTrainer  # said once
+        out = capsys.readouterr().out.splitlines()
+        assert out == [
+            "ray_ddp: Ray 9.99.0 is not one its lean start-up was verified on "
+            f"({', '.join(versions.VERIFIED_RAY)}); runs use Ray Train's stock TorchTrainer "
+            "(slower to start, the same training)"
+        ]
+    finally:
+        versions.lean_trainer_ok.cache_clear()
+
+
+def _flags(parser) -> list[str]:
+    return sorted(s for action in parser._actions for s in action.option_strings)
+
+
+def test_the_jobs_flags_are_those_before_the_redesign():
+    """Every flag of jobs/train.py, jobs/tune.py and jobs/evaluate.py as it was at d86bdea
+    (before issue 26): users' command lines keep working."""
+    from ray_ddp.driver.cli import evaluate_parser, train_parser, tune_parser
+
+    with open(os.path.join(ROOT, "tests", "flags_d86bdea.json")) as file:
+        before = json.load(file)
+    now = {
+        "train": _flags(train_parser()),
+        "tune": _flags(tune_parser()),
+        "evaluate": _flags(evaluate_parser()),
+    }
+    assert now == before
