@@ -108,7 +108,7 @@ def test_the_jobs_flags_are_those_before_the_redesign():
     (before issue 26): users' command lines keep working."""
     from ray_ddp.driver.cli import evaluate_parser, train_parser, tune_parser
 
-    with open(os.path.join(ROOT, "tests", "flags_d86bdea.json")) as file:
+    with open(os.path.join(ROOT, "tests", "data", "flags_d86bdea.json")) as file:
         before = json.load(file)
     now = {
         "train": _flags(train_parser()),

@@ -20,9 +20,10 @@ import typing
 import pytest
 from formats import write_cifar10, write_imagefolder, write_parquet
 
-from ray_ddp.config import SweepConfig, TrainConfig
+from ray_ddp.config import SweepConfig, TrainConfig, sections, sweep
 from ray_ddp.config import train as config
-from ray_ddp.config.fields import field_docs, field_groups, flag_of, from_args
+from ray_ddp.config.fields import config_fields, field_docs, flag_of, sections_of
+from ray_ddp.config.flags import from_args
 from ray_ddp.driver.cli import (
     evaluate_main,
     evaluate_parser,
@@ -357,9 +358,11 @@ def _dashed(name: str) -> str:
 def _set_every_field(cls: type, only_swept: bool = False) -> tuple[list[str], dict]:
     """argv giving every flagged field of ``cls`` a value other than its default, and
     those values."""
-    hints = typing.get_type_hints(cls)
+    hints = {}
+    for _, section in sections_of(cls):
+        hints.update(typing.get_type_hints(section))
     argv, values = [], {}
-    for f in dataclasses.fields(cls):
+    for f in config_fields(cls):
         facts = flag_of(f)
         if not facts.cli or (only_swept and not facts.sweep):
             continue
@@ -400,7 +403,7 @@ def test_every_train_field_has_a_flag_that_sets_it():
     assert cfg == dataclasses.replace(TrainConfig(), **values)
     internal = {"progress_interval_s", "log_prefix"}
     internal |= {"min_workers"}  # set by --num-workers MIN-MAX
-    assert set(values) | internal == {f.name for f in dataclasses.fields(TrainConfig)}
+    assert set(values) | internal == {f.name for f in TrainConfig.fields()}
     # The off switches of the tri-state flags, and a strategy in lower case.
     args = train_parser().parse_args(
         ["--no-gpu", "--no-pin-memory", "--no-channels-last", "--placement-strategy", "spread"]
@@ -440,11 +443,12 @@ def _flat(text: str) -> str:
 )
 def test_help_is_the_field_docstrings_in_their_sections(parser, cls):
     text = parser().format_help()
-    docs, sections = field_docs(cls), field_groups(cls)
-    for f in dataclasses.fields(cls):
-        if flag_of(f).cli:
-            assert _flat(docs[f.name]) in _flat(text), f.name
-            assert f"\n{sections[f.name]}:\n" in text, f.name
+    docs = field_docs(cls)
+    for title, section in sections_of(cls):
+        for f in dataclasses.fields(section):
+            if flag_of(f).cli:
+                assert _flat(docs[f.name]) in _flat(text), f.name
+                assert f"\n{title}:\n" in text, f.name
     assert "(default: 64)" in train_parser().format_help()
     assert _flat("Reference per-worker batch of --scale-lr") in _flat(tune_parser().format_help())
 
@@ -452,5 +456,6 @@ def test_help_is_the_field_docstrings_in_their_sections(parser, cls):
 def test_every_flag_named_in_config_exists():
     """Messages and help that name other flags (``--dataset X needs --data-dir``) stay
     true when a field is renamed."""
-    named = set(re.findall(r"--[a-z][a-z0-9-]+", inspect.getsource(config)))
+    source = "".join(inspect.getsource(m) for m in (config, sections, sweep))
+    named = set(re.findall(r"--[a-z][a-z0-9-]+", source))
     assert named <= _options(train_parser()) | _options(tune_parser())

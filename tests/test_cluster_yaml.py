@@ -230,7 +230,7 @@ def test_the_documented_jobs_ask_for_gpu_workers_the_gpu_nodes_can_hold():
     from ray_ddp.cluster.placement import unplaceable
     from ray_ddp.cluster.resources import worker_bundle
     from ray_ddp.config import SweepConfig, TrainConfig, validate, validate_sweep
-    from ray_ddp.config.fields import from_args
+    from ray_ddp.config.flags import from_args
     from ray_ddp.driver.cli import train_parser, tune_parser
 
     cfg = prepared()

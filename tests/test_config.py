@@ -45,7 +45,7 @@ def test_round_trip_through_the_dict_ray_passes():
 def test_testing_aids_are_no_config_and_old_configs_holding_them_still_load():
     """Faults and ledgers are a test's (ray_ddp.testing.Harness): not fields, flags or saved
     config. A config saved before (a sweep's trials, a run's record) still loads."""
-    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    names = {f.name for f in TrainConfig.fields()}
     aids = ("inject_nan", "stall", "slow_", "hang_loader", "ledger")
     assert not [name for name in names if name.startswith(aids)]
     old = {**TrainConfig(lr=0.1).to_dict(), "stall_step": 13, "sample_ledger": True}
@@ -67,7 +67,7 @@ def test_warmup_then_cosine():
 
 @pytest.mark.parametrize(
     "f",
-    [f for f in dataclasses.fields(TrainConfig) if flag_of(f).bound or flag_of(f).choices],
+    [f for f in TrainConfig.fields() if flag_of(f).bound or flag_of(f).choices],
     ids=lambda f: f.name,
 )
 def test_each_stated_limit_is_refused_naming_the_fields_flag(f):

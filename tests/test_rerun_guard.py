@@ -62,7 +62,7 @@ HAND_WRITTEN = {
 
 
 def test_resume_safety_is_read_from_the_field_definitions():
-    marked = {f.name for f in dataclasses.fields(TrainConfig) if flag_of(f).resume_safe}
+    marked = {f.name for f in TrainConfig.fields() if flag_of(f).resume_safe}
     assert RESUME_SAFE == marked == HAND_WRITTEN
 
 
@@ -78,10 +78,10 @@ def test_a_rerun_may_change_exactly_the_resume_safe_fields(tmp_path):
     cfg = TrainConfig(storage_path=str(tmp_path), name="r")
     # Unresolved (None) values are not compared: record a value for every field.
     cfg = dataclasses.replace(
-        cfg, **{f.name: 1 for f in dataclasses.fields(cfg) if getattr(cfg, f.name) is None}
+        cfg, **{f.name: 1 for f in TrainConfig.fields() if getattr(cfg, f.name) is None}
     )
     write_record(cfg)
-    for f in dataclasses.fields(TrainConfig):
+    for f in TrainConfig.fields():
         if f.name in ("name", "storage_path"):  # they say which record is read
             continue
         rerun = dataclasses.replace(cfg, **{f.name: _other(getattr(cfg, f.name))})

@@ -9,7 +9,8 @@ import torch
 from formats import write_imagefolder
 from PIL import Image
 
-from ray_ddp.config.fields import field_docs, from_args, resume_safe_fields
+from ray_ddp.config.fields import field_docs, resume_safe_fields
+from ray_ddp.config.flags import from_args
 from ray_ddp.config.train import AUGMENT_POLICIES, DATASETS, TrainConfig
 from ray_ddp.data.loaders import SeededSamples
 from ray_ddp.driver.cli import train_main, train_parser

@@ -175,5 +175,5 @@ def saved_config(state: dict[str, Any]) -> Any:
     dropped: a checkpoint of an older or newer ray_ddp still loads)."""
     from ray_ddp.config import TrainConfig
 
-    known = TrainConfig.__dataclass_fields__
+    known = {f.name for f in TrainConfig.fields()}
     return TrainConfig.from_dict({k: v for k, v in state["config"].items() if k in known})

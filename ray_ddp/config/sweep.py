@@ -4,6 +4,7 @@ setting is the trials' TrainConfig), and its checks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from ray_ddp.config.fields import POSITIVE, Bound, first_problem, option
 from ray_ddp.config.train import ConfigError, TrainConfig
@@ -14,7 +15,8 @@ class SweepConfig:
     """The search space and the scheduler of a Tune sweep; everything else comes from
     TrainConfig."""
 
-    # --- search space and scheduler ---
+    TITLE: ClassVar[str] = "search space and scheduler"
+
     lr_min: float = 1e-4
     """Lower end of the log-uniform learning-rate range."""
     lr_max: float = 1e-2

@@ -22,7 +22,8 @@ from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate, validate_sweep
-from ray_ddp.config.fields import add_fields, first_problem, from_args
+from ray_ddp.config.fields import first_problem
+from ray_ddp.config.flags import add_fields, from_args
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT

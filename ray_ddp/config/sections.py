@@ -1,0 +1,360 @@
+"""The sections of a training run's configuration: one typed dataclass per concern, each
+field defined once with its flag, help text, limits and whether a re-run may change it
+(``option``, ``ray_ddp.config.fields``). A section's ``TITLE`` is its group in ``--help``;
+a field's docstring is its help text, written for the person at the command line.
+``TrainConfig`` (``ray_ddp.config.train``) is made of them.
+
+No Ray, no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ray_ddp.config.fields import NON_NEGATIVE, POSITIVE, Bound, option
+
+PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
+DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
+DATA_ENGINES = ("torch", "ray")
+PARQUET_READS = ("stream", "memory")
+AMP_MODES = ("off", "bf16", "fp16")
+OPTIMIZERS = ("adamw", "sgd")
+AUGMENT_POLICIES = ("none", "crop", "crop-flip", "autoaugment", "trivialaugment")
+BUILTIN_TASK = "ray_ddp.image_classification:ImageClassification"
+# Flags that configure the built-in image classification only: a task of your own builds
+# its own data and model, so setting one of them with --task is refused, not ignored.
+IMAGE_TASK_FIELDS = (
+    "dataset", "image_size", "augment", "label_column", "image_column", "feature_column",
+    "model", "parquet_read", "shuffle_buffer", "data_engine",
+)  # fmt: skip
+
+
+# Fields of earlier versions that a saved config may still hold (a sweep's trials, a run's
+# record): testing aids, now ray_ddp.testing's Harness. Read and dropped.
+RETIRED_FIELDS = frozenset(
+    {
+        "inject_nan_step", "inject_nan_rank", "stall_step", "stall_rank", "stall_s",
+        "stall_exit", "stall_frozen", "slow_step_s", "slow_rank", "slow_start_s",
+        "slow_checkpoint_s", "hang_loader_sample", "sample_ledger",
+    }
+)  # fmt: skip
+
+
+def resources_problem(value: Any) -> str | None:
+    """What is wrong with a ``resources_per_worker`` value, as one line; None if nothing."""
+    example = """e.g. '{"trainer_slot": 1}'"""
+    if not isinstance(value, dict) or not value:
+        return f"--resources-per-worker must be a JSON object of resource amounts, {example}"
+    for name, amount in value.items():
+        if name in ("CPU", "GPU"):
+            flag = "--cpus-per-worker" if name == "CPU" else "--use-gpu (one GPU per worker)"
+            return f"--resources-per-worker: give {name} with {flag}"
+        if not isinstance(name, str) or not name.strip():
+            return f"--resources-per-worker: resource names must be non-empty strings, {example}"
+        if isinstance(amount, bool) or not isinstance(amount, int | float) or not amount > 0:
+            return f"--resources-per-worker: {name} must be a positive number, got {amount!r}"
+    return None
+
+
+def parse_resources(text: str) -> dict[str, float]:
+    """The ``--resources-per-worker`` flag: a JSON object of resource names to amounts."""
+
+    try:
+        value = json.loads(text)
+    except ValueError:
+        value = None
+    problem = resources_problem(value)
+    if problem:
+        raise argparse.ArgumentTypeError(problem.removeprefix("--resources-per-worker: "))
+    return {name: float(amount) for name, amount in value.items()}
+
+
+def parse_workers(text: str) -> int | tuple[int, int]:
+    """The ``--num-workers`` flag: ``N``, or ``MIN-MAX`` for an elastic run."""
+
+    low, dash, high = text.partition("-")
+    try:
+        values = (int(low), int(high)) if dash else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number of workers or a MIN-MAX range like 2-4, got {text!r}"
+        ) from None
+    return values
+
+
+@dataclass
+class Scaling:
+    """How many workers, on what, where."""
+
+    TITLE: ClassVar[str] = "scaling (who runs)"
+
+    num_workers: int | None = option(
+        None, bound=POSITIVE, resume_safe=True, parse=parse_workers, metavar="N|MIN-MAX"
+    )
+    """Ray training workers (= DDP processes). Auto: one per GPU up in the cluster, else 2
+    CPU workers. GPU workers on a cluster whose GPU nodes are not up yet: give it.
+    ``MIN-MAX`` (e.g. ``4-8``): elastic, the run starts on as many as fit, continues on
+    fewer when workers are lost (down to MIN) and grows back when room appears, keeping
+    its global batch by changing the accumulation; every MIN..MAX count must divide it.
+    A re-run on another count continues the same run (same global batch, same data
+    order)."""
+    min_workers: int | None = option(None, bound=POSITIVE, resume_safe=True, cli=False)
+    """The fewest workers an elastic run continues on (``--num-workers MIN-MAX`` sets it
+    and ``num_workers`` to MAX); None: a fixed number of workers."""
+    resize_check_s: float = option(
+        60.0, bound=POSITIVE, resume_safe=True, metavar="SECONDS", sweep=False
+    )
+    """Elastic runs (``--num-workers MIN-MAX``): how often Ray looks for room for more
+    workers while the group is healthy. Growing restarts the group from the latest
+    checkpoint, so the steps since it are trained again: pair it with
+    ``--checkpoint-every``."""
+    cpus_per_worker: float = option(1.0, bound=POSITIVE, resume_safe=True)
+    """CPUs reserved per worker (fractions allowed, e.g. to fit a Tune trial's driver
+    beside its workers); the worker's torch thread count is its whole part, at least 1."""
+    resources_per_worker: dict[str, float] | None = option(
+        None, parse=parse_resources, metavar="JSON", resume_safe=True
+    )
+    """Other Ray resources each worker needs besides its CPUs and GPU, as a JSON object:
+    a custom resource some nodes advertise (``'{"trainer_slot": 1}'``) or a GPU model
+    (``'{"accelerator_type:A100": 0.001}'``). Workers are placed only on nodes that have
+    them, and an autoscaler is asked for such nodes."""
+    use_gpu: bool | None = option(None, negative="--no-gpu", resume_safe=True)
+    """One GPU per worker, on NCCL; off: CPU workers on gloo even if GPUs exist. Auto: GPU
+    workers if GPUs are up, or if the cluster's autoscaler has a node type with GPUs (then
+    give --num-workers and --wait-for-resources: the GPU nodes are asked for and waited
+    for); else CPU workers, and on a cluster a line says why. On an autoscaling cluster
+    whose node types this driver cannot see, --use-gpu asks for GPU nodes."""
+    address: str | None = option(None, resume_safe=True)
+    """Ray cluster address to join (else RAY_ADDRESS, else a local Ray is started)."""
+    placement_strategy: str = option(
+        "PACK", choices=PLACEMENT_STRATEGIES, parse=str.upper, resume_safe=True
+    )
+    """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
+    ``SPREAD`` puts workers on as many nodes as it can."""
+    wait_for_resources: float = option(0.0, bound=NON_NEGATIVE, metavar="SECONDS", resume_safe=True)
+    """Seconds to wait for the workers' nodes when the nodes up cannot hold them: the
+    cluster's autoscaler is asked for one worker's resources per worker (and the request
+    is withdrawn when the wait ends), with a progress line every 10 s. 0: refuse at once,
+    with what was asked and what exists. A request no node (up, or of a node type the
+    autoscaler may start) can hold is refused at once whatever this says."""
+
+
+@dataclass
+class Reliability:
+    """What a lost worker, a failure or a hang does to the run."""
+
+    TITLE: ClassVar[str] = "failures and hangs"
+
+    max_failures: int | None = option(
+        None, bound=Bound("must be -1 (no limit) or more", lambda v: v >= -1), resume_safe=True
+    )
+    """After a worker or node is lost, restart all workers from the latest checkpoint, up
+    to this many times (-1: without limit). Auto: 0 with a fixed number of workers; -1 for
+    an elastic run (``--num-workers MIN-MAX``), whose lost workers are what it is for (a
+    failure that repeats itself identically still stops it)."""
+
+    hang_timeout: float | None = option(
+        None, bound=NON_NEGATIVE, resume_safe=True, metavar="SECONDS"
+    )
+    """A rank that finishes no optimizer step or evaluation batch in this long is hung:
+    every rank's stacks go to ``<run>/hangs/attempt-<N>/``, the driver names the stuck
+    rank, and the attempt fails (``--max-failures`` restarts it from the latest
+    checkpoint). Auto: 20 x the median step time, at least 120 s and at most
+    ``--hang-grace``. 0 turns the watchdog off."""
+    hang_grace: float = option(600.0, bound=POSITIVE, resume_safe=True, metavar="SECONDS")
+    """The watchdog's allowance for what is slow by nature: an attempt's start and first
+    step, the first batch of each pass over a loader, checkpoints and reports (at least
+    ``--hang-timeout``). The process group's timeout, the backstop where the watchdog
+    cannot run, is 2 x this + 60 s."""
+
+
+@dataclass
+class Optimisation:
+    """What each optimizer step does and how many there are."""
+
+    TITLE: ClassVar[str] = "optimisation"
+
+    epochs: int = option(10, bound=POSITIVE, resume_safe=True)
+    """Total epochs of the run; a resumed run continues up to this number."""
+    batch_size: int = option(64, bound=POSITIVE)
+    """Per-worker micro-batch size (samples per forward pass on one worker)."""
+    accum_steps: int = option(1, bound=POSITIVE, resume_safe=True)
+    """Micro-batches accumulated per optimizer step. Global batch =
+    batch_size x num_workers x accum_steps (with MIN-MAX workers: at MAX; fewer workers
+    accumulate more to keep it)."""
+    lr: float = option(3e-3, bound=POSITIVE, sweep=False)
+    """Peak learning rate (reached after warm-up, then cosine decay to ``min_lr_ratio``)."""
+    optimizer: str = option("adamw", choices=OPTIMIZERS)
+    """``adamw``, or ``sgd`` with (non-Nesterov) momentum."""
+    momentum: float = option(0.9, bound=Bound("must be in [0, 1)", lambda v: 0 <= v < 1))
+    """SGD momentum (ignored by AdamW)."""
+    weight_decay: float = option(0.01, bound=NON_NEGATIVE)
+    """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
+    warmup_steps: int | None = option(None, bound=NON_NEGATIVE)
+    """Linear warm-up length in optimizer steps. Auto: 5% of all steps."""
+    min_lr_ratio: float = option(0.01, bound=Bound("must be in [0, 1]", lambda v: 0 <= v <= 1))
+    """The cosine schedule ends at ``lr * min_lr_ratio``."""
+    grad_clip: float = option(1.0, bound=NON_NEGATIVE)
+    """Clip the global gradient norm to this (after un-scaling under fp16); 0 turns it off."""
+    amp: str = option("off", choices=AMP_MODES)
+    """Mixed precision: ``off``, ``bf16`` (autocast, no scaler) or ``fp16`` (GPU only,
+    autocast + GradScaler)."""
+    seed: int = option(0, bound=Bound("must be in 0..2**63-1", lambda v: 0 <= v < 2**63))
+    """One seed for initial weights (identical on every rank), data order and the built-in
+    dataset."""
+    max_steps: int | None = option(None, bound=POSITIVE, resume_safe=True)
+    """Stop after this many optimizer steps in total (smoke tests, benchmarks)."""
+
+
+@dataclass
+class Target:
+    """What is trained: the task, and the built-in task's model."""
+
+    TITLE: ClassVar[str] = "task and model (what is trained)"
+
+    task: str = BUILTIN_TASK
+    """What to train: ``package.module:Name`` of a ``ray_ddp.Task`` subclass or instance
+    (your model, data, loss and metrics; see the README, "Your own model"). The default
+    is the built-in image classification, which the data and model flags below configure."""
+    model: str = "small_resnet"
+    """``small_resnet`` (a small ResNet with BatchNorm, fast on CPU, good on small real
+    image sets), ``small_cnn`` (three convolutions, no normalisation), ``mlp``, or any
+    torchvision classification model name (e.g. ``resnet18``), built with the dataset's
+    class count and no pretrained weights."""
+
+    compile: bool = option(False, resume_safe=True)
+    """torch.compile the model (TorchInductor) after DDP wraps it, as DDP expects: its
+    graph is split at the gradient buckets so the all-reduces still overlap the backward.
+    The first steps take longer (the compile); checkpoints hold the plain model's weights
+    and load with or without it."""
+
+
+@dataclass
+class Data:
+    """The built-in task's data, and how every task's data is read."""
+
+    TITLE: ClassVar[str] = "data"
+
+    dataset: str = option("synthetic", choices=DATASETS)
+    """``synthetic`` (built in, generated from the seed), ``cifar10``, ``mnist``,
+    ``fashion-mnist``, ``imagefolder`` (train/ and val/ class folders) or ``parquet``."""
+    data_dir: str | None = None
+    """Where the dataset lives (must be readable from every node)."""
+    download: bool = option(False, resume_safe=True)
+    """Let the task fetch its data into ``data_dir`` (the built-in one: torchvision's
+    cifar10, mnist, fashion-mnist): once per node, the first node before the others, so
+    nodes sharing one ``data_dir`` (NFS) never write it at the same time."""
+    train_samples: int | None = option(None, bound=POSITIVE)
+    """Built-in dataset: samples to generate (default 12000). Others: a seeded random subset
+    of this size (default: all)."""
+    val_samples: int | None = option(None, bound=POSITIVE)
+    """Like ``train_samples`` for the validation split (built-in default 2000)."""
+    image_size: int | None = option(None, bound=POSITIVE)
+    """Resize images to this square size. Default: native for built-in, CIFAR and MNIST
+    data; 32 for ImageFolder and Parquet images."""
+    augment: str | None = option(None, choices=AUGMENT_POLICIES)
+    """Random augmentation of training images, drawn per sample from (seed, epoch, index):
+    ``none``; ``crop`` (pad by 1/8 of the side, crop back at a random place: small shifts);
+    ``crop-flip`` (crop, and a horizontal flip half the time); ``autoaugment`` (crop-flip,
+    then AutoAugment's CIFAR-10 policy); ``trivialaugment`` (crop-flip, then
+    TrivialAugmentWide). Auto: crop-flip for cifar10 and imagefolder, none for mnist,
+    fashion-mnist and parquet. Flips are wrong for digits and text: use crop or none there.
+    The built-in dataset and Parquet feature columns take none."""
+    label_column: str = "label"
+    """Parquet: the integer class column."""
+    image_column: str = "image"
+    """Parquet: a column of encoded image bytes (PNG/JPEG), or a struct with a ``bytes``
+    field as Hugging Face writes it."""
+    feature_column: str | None = None
+    """Parquet: a list<float> feature column to use instead of images (needs ``--model
+    mlp``)."""
+    parquet_read: str = option("stream", choices=PARQUET_READS)
+    """Parquet with ``--data-engine torch``: ``stream`` reads each worker's share a few row
+    groups at a time (memory bounded by ``--shuffle-buffer``, not the dataset's size; local
+    files, folders of shards, s3:// and gs:// URIs); ``memory`` reads each split whole into
+    every worker (the old way: fast for small data, one copy per worker)."""
+    shuffle_buffer: int = option(2048, bound=POSITIVE)
+    """Streaming Parquet: rows shuffled together. Each epoch permutes the row groups, then
+    each run of this many rows is permuted; a larger buffer is closer to a full shuffle and
+    holds more rows in memory (see the README, "Data larger than memory")."""
+    data_engine: str = option("torch", choices=DATA_ENGINES)
+    """Who reads and decodes: ``torch`` (DataLoader worker processes beside each training
+    worker) or ``ray`` (Ray Data: read and decode on the cluster's CPUs, CPU-only nodes
+    included, streamed into each worker; Parquet and ImageFolder data)."""
+    max_bad_samples: int = option(100, bound=NON_NEGATIVE, resume_safe=True)
+    """Unreadable samples (a truncated image file, undecodable bytes in a Parquet row) an
+    epoch may skip, over all workers; each is named in ``bad_samples.csv`` in the run. One
+    more stops the run with a line naming the first of them. 0: stop at the first."""
+    loader_workers: int | None = option(None, bound=NON_NEGATIVE, resume_safe=True)
+    """DataLoader worker processes per training worker. Auto: 0 for the in-memory built-in
+    dataset, else min(4, cpus_per_worker)."""
+    channels_last: bool | None = None
+    """Keep conv weights and image batches in NHWC (channels_last) memory, which GPU tensor
+    cores want. Auto: on for convolutional models on image data on GPU workers (ResNet-50
+    on an H200 with AMP: about 1.9x the samples/s); off on CPU, where 2 DDP workers of the
+    small CNN measured no faster with it."""
+    pin_memory: bool | None = option(None, resume_safe=True)
+    """Pin host memory for faster host-to-GPU copies. Auto: on with GPUs."""
+
+
+@dataclass
+class Checkpointing:
+    """Where the run lives, what it resumes from, what it keeps."""
+
+    TITLE: ClassVar[str] = "output and checkpoints"
+
+    storage_path: str = option("runs", resume_safe=True)
+    """Where runs are stored: a local path (absolute or relative) or a pyarrow URI
+    (``s3://``, ``gs://``)."""
+    name: str | None = option(None, resume_safe=True)
+    """Run name. Re-running an existing name resumes it from its latest checkpoint. Auto:
+    ``<dataset>-<model>-<timestamp>`` (always a fresh run)."""
+    allow_config_change: bool = option(False, resume_safe=True, sweep=False)
+    """Let a re-run of an existing ``--name`` continue it with a different training config
+    (model, data, batch, optimizer, ...); refused otherwise."""
+    resume_from: str | None = option(None, resume_safe=True)
+    """Start from this checkpoint directory (weights, optimizer, schedule, progress)."""
+    keep_checkpoints: int = option(2, bound=POSITIVE, resume_safe=True)
+    """How many of the best checkpoints (by validation accuracy) to keep; the latest is
+    always kept as well."""
+    checkpoint_every: int | None = option(
+        None, bound=POSITIVE, resume_safe=True, metavar="STEPS", sweep=False
+    )
+    """Also checkpoint every this many optimizer steps inside an epoch, with the data
+    position (in samples of the epoch's order), so a lost worker, a re-run or a resized
+    elastic group resumes mid-epoch exactly where it stopped, at any number of workers.
+    Off by default: every epoch's end is checkpointed anyway. (Not in sweeps: Tune's
+    schedulers compare trials at epoch ends only.)"""
+    export: bool = option(True, resume_safe=True)
+    """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
+    plain state_dict and a torch.export program."""
+
+
+@dataclass
+class Logging:
+    """What the run prints and writes besides checkpoints."""
+
+    TITLE: ClassVar[str] = "logs and reports"
+
+    summary_json: str | None = option(None, resume_safe=True)
+    """Write the final summary as JSON to this path."""
+    progress_interval_s: float = option(30.0, resume_safe=True, cli=False)
+    """Seconds between rank 0's in-epoch progress lines (a text bar with loss, speed and
+    ETA); the CLI uses 5 when attached to a terminal, 0 in sweeps. 0 turns them off."""
+    tensorboard: bool = option(True, resume_safe=True)
+    """Rank 0 writes TensorBoard event files (``<run>/tensorboard``) besides metrics.csv
+    and curves.png."""
+    log_every_steps: int = option(50, bound=POSITIVE, resume_safe=True)
+    """Log the training loss and lr to TensorBoard every this many optimizer steps."""
+    log_all_ranks: bool = option(False, resume_safe=True)
+    """Every rank prints its lines (tagged ``[rank N]``), not only rank 0."""
+    comm_stats: bool = option(False, resume_safe=True)
+    """Count gradient all-reduces with a DDP communication hook and report them per
+    optimizer step (a check that accumulation really skips the all-reduce)."""
+
+    # set by the code, not by a flag
+    log_prefix: str = option("", resume_safe=True, cli=False)
+    """A Tune trial's tag for its rank-0 lines (trials interleave in one output)."""
