@@ -174,6 +174,15 @@ class GlobalOrderBatches:
         )  # fmt: skip
         self.slots = self.plan.slots(self.rank, self.world_size)
 
+    def describe(self) -> str | None:
+        """A line for the log about how the order reads its data (none: read by index)."""
+        return None
+
+    def take_unreadable(self) -> list[Any]:
+        """Rows an engine could not read outside the loader (none here: the loader's
+        collate names them)."""
+        return []
+
     def __iter__(self) -> Iterator[list[Any]]:
         epoch = self.plan.epoch
         for slot in self.slots:
