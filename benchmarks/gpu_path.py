@@ -43,11 +43,11 @@ from ray_ddp.image_classification.task import ImageClassification  # noqa: E402
 from ray_ddp.reliability.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.testing.harness import Harness  # noqa: E402
 from ray_ddp.worker.comm_stats import attach_counter  # noqa: E402
-from ray_ddp.worker.epoch import EpochTools, train_epoch  # noqa: E402
+from ray_ddp.worker.observers import Faults, Guard, Observers  # noqa: E402
 from ray_ddp.worker.optim import build_optimizer, build_scheduler  # noqa: E402
 from ray_ddp.worker.precision import grad_scaler  # noqa: E402
 from ray_ddp.worker.state import EpochSums, TrainState  # noqa: E402
-from ray_ddp.worker.timing import StepTimer  # noqa: E402
+from ray_ddp.worker.step import Limits, StepCore, train_segment  # noqa: E402
 
 
 class OnDevice:
@@ -110,18 +110,23 @@ def run(
     optimizer = build_optimizer(cfg, model.parameters())
     scheduler = build_scheduler(cfg, optimizer, steps)
     state = TrainState(model, optimizer, scheduler, scaler or grad_scaler(amp, device))
-    tools = EpochTools(
+    core = StepCore(
+        state,
         ImageClassification(),  # the built-in task's loss: cross-entropy on class scores
+        amp,
         device,
-        StepTimer(),
-        LossGuard(device, rank=0, check_every=cfg.log_every_steps),
-        channels_last=channels_last,
-        harness=Harness(nan_step=nan_at),  # the NaN check: a loss poisoned at that step
+        cfg.seed,
+        cfg.grad_clip,
+        channels_last,
+    )
+    observer = Observers(
+        Faults(Harness(nan_step=nan_at), "", rank=0),  # the NaN check: a loss poisoned then
+        Guard(LossGuard(device, rank=0, check_every=cfg.log_every_steps)),
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     started = time.perf_counter()
-    result = train_epoch(cfg, state, loader, order, EpochSums(), tools)
+    result = train_segment(core, order, loader, EpochSums(), observer, Limits())
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - started

@@ -50,10 +50,10 @@ from ray_ddp.driver.run import run_training
 from ray_ddp.image_classification.datasets import build_datasets
 from ray_ddp.reliability.attempts import last_attempt
 from ray_ddp.reliability.loss_guard import LossGuard
-from ray_ddp.worker.epoch import EpochTools, train_epoch
 from ray_ddp.worker.evaluate import evaluate
+from ray_ddp.worker.observers import Guard, Ledger, Observers, Skips
 from ray_ddp.worker.state import EpochSums, TrainState
-from ray_ddp.worker.timing import StepTimer
+from ray_ddp.worker.step import Limits, StepCore, train_segment
 from ray_ddp.worker.unreadable import settle
 
 
@@ -324,11 +324,11 @@ def _one_epoch(unreadable: set[int], micro: int, per_step: int = 8):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     state = TrainState(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False))
-    tools = EpochTools(
-        Good(), torch.device("cpu"), StepTimer(), LossGuard(torch.device("cpu"), 0, 1)
-    )
-    segment = train_epoch(cfg, state, loader, order, EpochSums(ledger=[]), tools)
-    return segment, model, order.slots, data, tools
+    core = StepCore(state, Good(), cfg.amp, torch.device("cpu"), cfg.seed, cfg.grad_clip)
+    skips = Skips(SkipLog())
+    observer = Observers(Guard(LossGuard(torch.device("cpu"), 0, 1)), skips, Ledger())
+    segment = train_segment(core, order, loader, EpochSums(ledger=[]), observer, Limits())
+    return segment, model, order.slots, data, skips.log
 
 
 def _expected_weights(slots, data: Points, stand_in: bool) -> torch.Tensor:
@@ -357,10 +357,10 @@ def test_a_shortened_micro_batch_keeps_its_weight_and_counts_its_readable_sample
     )
     probe.set_position(0, 0)
     unreadable = {probe.slots[1].indices[0], probe.slots[2].indices[3]}
-    segment, model, slots, data, tools = _one_epoch(unreadable, micro=4)
+    segment, model, slots, data, skips = _one_epoch(unreadable, micro=4)
     assert segment.sums.samples == 14 and segment.samples == 14
     assert sorted(i for _, i in segment.sums.ledger) == sorted(set(range(16)) - unreadable)
-    assert sorted(b.index for b in tools.skips.rows) == sorted(unreadable)
+    assert sorted(b.index for b in skips.rows) == sorted(unreadable)
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.allclose(weights, _expected_weights(slots, data, stand_in=False), atol=1e-6)
 

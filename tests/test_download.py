@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ray_ddp.worker.loop import download_turn
+from ray_ddp.worker.data import download_turn
 
 
 def test_rank_0_fetches_first_then_one_worker_per_other_node():

@@ -1,6 +1,6 @@
 """A Parquet split larger than a worker's memory limit trains in streaming mode, and fails
 in the old in-memory mode (issue 17). No Ray is started: each mode runs in a subprocess
-that builds a training worker's data exactly as ``train_loop_per_worker`` does
+that builds a training worker's data exactly as a worker's run does (``ray_ddp.worker.run``)
 (``build_worker_data``: the task's datasets, then ``make_loaders``) and iterates its
 training loader over a whole epoch.
 
@@ -67,7 +67,7 @@ ray.train.torch.prepare_data_loader = lambda loader, **options: loader
 from ray_ddp.config import TrainConfig
 from ray_ddp.image_classification.task import ImageClassification
 from ray_ddp.testing.harness import NONE
-from ray_ddp.worker.loop import build_worker_data
+from ray_ddp.worker.data import build_worker_data
 from ray_ddp.worker.identity import Worker
 
 
@@ -79,7 +79,7 @@ def status_mb(field):
 
 
 def train_epoch(cfg, task, facts, batches=None):
-    # As train_loop_per_worker does: the worker's data, then the epoch from its start.
+    # As a worker's run does (ray_ddp.worker.run): its data, then the epoch from its start.
     data = build_worker_data(cfg, Worker(0, 0, 1, torch.device("cpu")), task, facts, NONE)
     data.train_order.set_position(0, 0)
     rows = count = peak = 0
@@ -199,6 +199,8 @@ def test_split_larger_than_the_memory_limit_streams_and_fails_in_memory(tmp_path
     # In memory: reading the split whole fails for the limit, in the Parquet reader.
     assert not memory["ok"], memory
     assert memory["error"] == "MemoryError", memory
-    assert any("parquet_data.py" in frame for frame in memory["where"]), memory["where"]
+    assert any("image_classification/parquet.py" in frame for frame in memory["where"]), memory[
+        "where"
+    ]
     # ... and the same process trains in memory mode once the limit is lifted.
     assert memory["unlimited"]["batches"] == 2, memory

@@ -31,11 +31,13 @@ ACTORS: dict[str, dict[str, int]] = {}
 def _actor_classes() -> dict[str, int]:
     from collections import Counter
 
+    import ray
     from ray.util.state import list_actors
 
-    return dict(
-        Counter(a.class_name for a in list_actors(limit=10_000, raise_on_missing_output=False))
-    )
+    # This session's Ray by its address: another Ray on the machine must not confuse it.
+    address = ray.get_runtime_context().gcs_address
+    actors = list_actors(address=address, limit=10_000, raise_on_missing_output=False)
+    return dict(Counter(a.class_name for a in actors))
 
 
 @pytest.fixture(scope="module")

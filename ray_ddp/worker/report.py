@@ -17,9 +17,9 @@ from ray_ddp.io import reporting
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.worker.collectives import all_gather
-from ray_ddp.worker.epoch import EpochPosition
 from ray_ddp.worker.identity import Worker, peak_memory
 from ray_ddp.worker.state import EpochSums, TrainState
+from ray_ddp.worker.step import EpochPosition
 
 UNSCORED = -sys.float_info.max
 """The score of a mid-epoch checkpoint where higher is better (negated where lower is)."""

@@ -1,6 +1,7 @@
 """A rank's hang watchdog: a daemon thread that notices when the rank stops making progress.
 
-The training loop says what the rank is doing (:meth:`Watchdog.doing`: a phase, whether it
+The worker's run holds its watchdog (``NullWatchdog`` with ``--hang-timeout 0``) and
+says what the rank is doing (:meth:`Watchdog.doing`: a phase, whether it
 is a collective every rank must join, whether it is slow by nature) and when something
 finished (:meth:`Watchdog.progress`: an optimizer step, an evaluation batch, a checkpoint).
 Both are a few attribute writes, nothing next to a step. The thread wakes every
@@ -159,40 +160,30 @@ class Watchdog:
                 return
 
 
-_current: Watchdog | None = None
-"""The process's running watchdog (one training loop per worker process)."""
+class NullWatchdog:
+    """What a run without a watchdog (``--hang-timeout 0``) tells: nothing is watched."""
+
+    def doing(self, phase: str, collective: bool = False, slow: bool = False) -> None:
+        pass
+
+    def progress(self, what: str, step: int | None = None) -> None:
+        pass
+
+    def stop(self) -> None:
+        pass
 
 
-def install(watchdog: Watchdog | None) -> None:
-    """Make ``watchdog`` (started) the one :func:`doing` and :func:`progress` feed; None
-    stops and removes the current one."""
-    global _current
-    if _current is not None and watchdog is not _current:
-        _current.stop()
-    _current = watchdog
-
-
-def doing(phase: str, collective: bool = False, slow: bool = False) -> None:
-    """:meth:`Watchdog.doing` on the running watchdog, if any."""
-    if _current is not None:
-        _current.doing(phase, collective, slow)
-
-
-def progress(what: str, step: int | None = None) -> None:
-    """:meth:`Watchdog.progress` on the running watchdog, if any."""
-    if _current is not None:
-        _current.progress(what, step)
-
-
-def watched(batches: Iterable[T], what: str, then: str | None = None) -> Iterator[T]:
-    """``batches``, with the watchdog told about each: the first is slow by nature (the
+def watched(
+    batches: Iterable[T], what: str, watchdog: Watchdog | NullWatchdog, then: str | None = None
+) -> Iterator[T]:
+    """``batches``, with ``watchdog`` told about each: the first is slow by nature (the
     loader's workers start), each batch finished is progress; ``then``: the phase after
     the last (say, the all-reduce that follows an evaluation)."""
-    doing(f"{what}: first batch", slow=True)
+    watchdog.doing(f"{what}: first batch", slow=True)
     for batch in batches:
-        doing(what)
+        watchdog.doing(what)
         yield batch
-        progress(f"{what} batch")
-        doing(f"{what}: waiting for data")
+        watchdog.progress(f"{what} batch")
+        watchdog.doing(f"{what}: waiting for data")
     if then is not None:
-        doing(then, collective=True)
+        watchdog.doing(then, collective=True)

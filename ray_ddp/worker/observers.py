@@ -1,0 +1,297 @@
+"""What happens around a training step besides the step itself: each concern is an
+observer that the pass (``ray_ddp.worker.step.train_segment``) notifies, in this order:
+
+- ``WatchdogSteps``: tells the rank's hang watchdog what the rank is doing (waiting for
+  data, computing, in the gradient all-reduce, stepping) and when a step finished;
+- ``Faults``: a test's injected faults (``ray_ddp.testing``: a slow step, a stall, a NaN),
+  after the watchdog is told (a stalled rank is found in the phase it stalled in) and
+  before the loss guard (which must see a poisoned loss);
+- ``Timing``: the wait for data, each step's ready time, the steady step timer;
+- ``Guard``: the non-finite loss check (``ray_ddp.reliability.loss_guard``);
+- ``Skips``: unreadable samples, counted against ``--max-bad-samples``;
+- ``Ledger``: a test's sample ledger;
+- ``StepLogs``: the training loss and lr to TensorBoard every ``--log-every-steps``;
+- ``Progress``: rank 0's in-epoch progress line.
+
+A hook that an observer does not need is the base class's no-op.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from ray_ddp.data.order.global_order import Slot
+from ray_ddp.data.unreadable import BadSample, SkipLog
+from ray_ddp.io import reporting
+from ray_ddp.reliability.hangs.watchdog import Watchdog
+from ray_ddp.reliability.loss_guard import LossGuard
+from ray_ddp.testing import harness as rig
+from ray_ddp.worker.collectives import world_size
+from ray_ddp.worker.timing import EpochTiming, StepTimer
+
+if TYPE_CHECKING:
+    from ray_ddp.io.run_logs import RunLogs  # tensorboardX: not where the GPU check runs
+    from ray_ddp.worker.step import Pass
+
+# What the hang watchdog reports a rank doing (ray_ddp.reliability.hangs).
+WAITING_FOR_DATA = "training: waiting for data from the loader"
+COMPUTING = "training: forward and backward"
+GRADIENT_SYNC = "training: backward with DDP's gradient all-reduce"
+OPTIMIZER_STEP = "training: after backward, before the optimizer step is done"
+
+
+class StepObserver:
+    """The hooks of a pass, in the order it calls them; all no-ops here."""
+
+    def pass_started(self, now: Pass) -> None:
+        """A pass over the epoch's micro-batches begins (the first, or after a checkpoint)."""
+
+    def fetching(self, now: Pass) -> None:
+        """About to wait for micro-batch ``now.index`` from the loader."""
+
+    def fetched(self, now: Pass, waited_s: float) -> None:
+        """The loader gave it (or started the pass) after ``waited_s``."""
+
+    def unreadable(self, bad: list[BadSample], now: Pass) -> None:
+        """Samples of the micro-batch that could not be read (left out of it)."""
+
+    def computing(self, slot: Slot, now: Pass) -> None:
+        """Its forward and backward begin."""
+
+    def loss(self, loss: torch.Tensor, slot: Slot, step: int) -> torch.Tensor:
+        """Its loss, before the backward: returned as it is, or as a test's fault makes it."""
+        return loss
+
+    def syncing(self, slot: Slot, distributed: bool) -> None:
+        """The step's last micro-batch on this rank: its backward all-reduces (with DDP)."""
+
+    def updating(self, now: Pass) -> None:
+        """The backward of the step is done; clipping and the optimizer step follow."""
+
+    def stepped(self, now: Pass, loss: torch.Tensor, lr: float) -> None:
+        """Optimizer step ``now.step`` is done (``loss``: its last micro-batch's)."""
+
+    def trained(self, slot: Slot, now: Pass) -> None:
+        """Micro-batch ``now.index`` is done (and the step, where it was the last)."""
+
+    def pass_ended(self, now: Pass) -> None:
+        """The pass stops: at the epoch's end, a due checkpoint or ``--max-steps``."""
+
+
+class Observers(StepObserver):
+    """Several observers, notified in turn (a loss passes through each)."""
+
+    def __init__(self, *observers: StepObserver) -> None:
+        self.all = observers
+
+    def pass_started(self, now):
+        for o in self.all:
+            o.pass_started(now)
+
+    def fetching(self, now):
+        for o in self.all:
+            o.fetching(now)
+
+    def fetched(self, now, waited_s):
+        for o in self.all:
+            o.fetched(now, waited_s)
+
+    def unreadable(self, bad, now):
+        for o in self.all:
+            o.unreadable(bad, now)
+
+    def computing(self, slot, now):
+        for o in self.all:
+            o.computing(slot, now)
+
+    def loss(self, loss, slot, step):
+        for o in self.all:
+            loss = o.loss(loss, slot, step)
+        return loss
+
+    def syncing(self, slot, distributed):
+        for o in self.all:
+            o.syncing(slot, distributed)
+
+    def updating(self, now):
+        for o in self.all:
+            o.updating(now)
+
+    def stepped(self, now, loss, lr):
+        for o in self.all:
+            o.stepped(now, loss, lr)
+
+    def trained(self, slot, now):
+        for o in self.all:
+            o.trained(slot, now)
+
+    def pass_ended(self, now):
+        for o in self.all:
+            o.pass_ended(now)
+
+
+class Faults(StepObserver):
+    """A test's faults (``ray_ddp.testing.harness``): a slow step before its last forward
+    (the rank's own work, like a slow GPU's), a NaN loss, a stall before the update, a slow
+    first step."""
+
+    def __init__(self, harness: rig.Harness, run_dir: str, rank: int) -> None:
+        self.harness, self.run_dir, self.rank = harness, run_dir, rank
+        self.first = True
+
+    def computing(self, slot, now):
+        if slot.boundary:
+            rig.slow_down(self.harness, self.rank)
+
+    def loss(self, loss, slot, step):
+        return rig.poison_loss(self.harness, loss, step, self.rank)
+
+    def updating(self, now):
+        rig.stall(self.harness, self.run_dir, self.rank, now.step)
+        if self.first:
+            rig.slow_start(self.harness)
+        self.first = False
+
+
+class WatchdogSteps(StepObserver):
+    """The rank's watchdog told what the step is doing. An attempt's first step is slow by
+    nature (loader workers start, kernels are chosen, a compile): it gets the grace, as a
+    pass's first batch does."""
+
+    def __init__(self, watchdog: Watchdog) -> None:
+        self.watchdog = watchdog
+        self.first = True
+
+    def fetching(self, now):
+        self.watchdog.doing(WAITING_FOR_DATA, slow=self.first or now.index == 0)
+
+    def computing(self, slot, now):
+        self.watchdog.doing(COMPUTING, slow=self.first)
+
+    def syncing(self, slot, distributed):
+        if distributed:
+            self.watchdog.doing(GRADIENT_SYNC, collective=True, slow=self.first)
+
+    def updating(self, now):
+        self.watchdog.doing(OPTIMIZER_STEP, slow=self.first)
+
+    def stepped(self, now, loss, lr):
+        self.watchdog.progress("optimizer step", now.step)
+        self.first = False
+
+
+class Timing(StepObserver):
+    """This rank's data wait and ready times over the epoch (``epoch``, a new one each
+    epoch) and its steady step times over the attempt (``timer``)."""
+
+    def __init__(self, timer: StepTimer) -> None:
+        self.timer, self.epoch = timer, EpochTiming()
+        self.micro = self.counted = 0
+        self.step_started = time.perf_counter()
+
+    def new_epoch(self) -> None:
+        self.epoch = EpochTiming()
+
+    def pass_started(self, now):
+        self.timer.restart()
+        self.micro, self.counted, self.step_started = 0, now.trained, time.perf_counter()
+
+    def fetched(self, now, waited_s):
+        self.epoch.data_wait_s += waited_s
+
+    def computing(self, slot, now):
+        self.micro += 1
+
+    def syncing(self, slot, distributed):
+        self.epoch.ready.append((self.micro, time.perf_counter() - self.step_started))
+
+    def stepped(self, now, loss, lr):
+        self.timer.step(now.trained - self.counted)
+        self.micro, self.counted, self.step_started = 0, now.trained, time.perf_counter()
+
+
+class Guard(StepObserver):
+    """Stops the run on a non-finite loss, naming the step and the rank."""
+
+    def __init__(self, guard: LossGuard) -> None:
+        self.guard = guard
+        self.plan_at = (0, 0)  # (epoch, the pass's first step in the epoch), for messages
+
+    def pass_started(self, now):
+        self.plan_at = (now.plan.epoch, now.plan.first_step)
+
+    def loss(self, loss, slot, step):
+        epoch, first = self.plan_at
+        where = f"epoch {epoch + 1}, step {first + slot.step + 1} of the epoch"
+        self.guard.observe(loss, step, where)
+        return loss
+
+    def stepped(self, now, loss, lr):
+        self.guard.maybe_check(now.step)
+
+    def pass_ended(self, now):
+        self.guard.check()
+
+
+class Skips(StepObserver):
+    """This rank's unreadable training samples of the epoch (``log``, a new one each
+    epoch, with the run's cap)."""
+
+    def __init__(self, log: SkipLog) -> None:
+        self.log = log
+
+    def unreadable(self, bad, now):
+        self.log.add(bad)  # raises once this rank alone is over the cap
+
+
+class Ledger(StepObserver):
+    """A test's sample ledger: ``(step, index)`` of every sample this rank trained, into
+    the epoch's sums (``now.ledger``: carried across passes and in mid-epoch checkpoints)."""
+
+    def trained(self, slot, now):
+        if now.ledger is not None and not slot.filler:
+            now.ledger.extend((now.step, i) for i in slot.indices if i not in now.unread)
+
+
+class StepLogs(StepObserver):
+    """Rank 0's TensorBoard: the training loss and lr every ``every`` optimizer steps."""
+
+    def __init__(self, logs: RunLogs, every: int) -> None:
+        self.logs, self.every = logs, every
+
+    def stepped(self, now, loss, lr):
+        if now.step % self.every == 0:
+            self.logs.step(now.step, loss.item(), lr)
+
+
+class Progress(StepObserver):
+    """Rank 0's in-epoch progress line every ``interval_s`` (in samples of the epoch's
+    order, the same at any world size)."""
+
+    def __init__(self, interval_s: float, epochs: int) -> None:
+        self.interval_s, self.epochs = interval_s, epochs
+        self.last = time.perf_counter()
+
+    def pass_started(self, now):
+        self.last = now.started
+
+    def trained(self, slot, now):
+        if time.perf_counter() - self.last < self.interval_s:
+            return
+        self.last = time.perf_counter()
+        done, elapsed, ranks = now.index + 1, self.last - now.started, world_size()
+        line = reporting.progress_line(
+            now.plan.epoch + 1,
+            self.epochs,
+            min(now.plan.start + now.trained * ranks, now.plan.size),
+            now.plan.size,
+            now.loss_sum.item() / max(1, now.seen),
+            now.trained * ranks / elapsed,
+            elapsed * (now.micro_batches - done) / done,
+        )
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()

@@ -1,0 +1,320 @@
+"""One worker's training run: what Ray Train runs in every worker process (``loop``).
+
+One worker = one DDP process = one GPU (or a CPU slot). Ray has already set up the process
+group (NCCL with GPUs, gloo without) and pinned the worker to its device. A
+:class:`WorkerRun` is read top to bottom in the order things happen:
+
+- ``__init__`` (build): the attempt's number, the data (its size sets the schedule), the
+  model (identical on every rank), where it restores from, the hang watchdog;
+- :meth:`restore`: the weights before DDP broadcasts rank 0's, the wrapped model, the
+  optimizer and schedule, the rest of the checkpoint; the rank table and the data line;
+- :meth:`train`: every epoch: :meth:`train_epoch` (passes of ``step.train_segment``, with
+  a checkpoint every ``--checkpoint-every`` steps), :meth:`validate`, then
+  :meth:`end_epoch` (unreadable samples, metrics, the checkpoint, the epoch's lines).
+
+Rank 0 alone logs and attaches checkpoints; every rank calls ``ray.train.report`` (a
+barrier). What happens around each step attaches as observers (``observers``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ray_ddp.checkpoint.format import check_compatible, task_meta, unwrap
+from ray_ddp.config import TrainConfig
+from ray_ddp.data.seeding import seed_initial_weights
+from ray_ddp.data.unreadable import SkipLog, skipped_line
+from ray_ddp.io.timeline import mark
+from ray_ddp.reliability.hangs.watchdog import NullWatchdog, watched
+from ray_ddp.reliability.loss_guard import LossGuard
+from ray_ddp.reliability.retry_policy import note_step
+from ray_ddp.task import Task
+from ray_ddp.testing.harness import Harness
+from ray_ddp.worker import observers as seen
+from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
+from ray_ddp.worker.comm_stats import attach_counter
+from ray_ddp.worker.data import build_worker_data
+from ray_ddp.worker.evaluate import EvalResult, evaluate
+from ray_ddp.worker.identity import Worker, rank_rows, start_worker
+from ray_ddp.worker.memory_format import use_channels_last
+from ray_ddp.worker.report import checkpoint_and_report, write_mid_epoch_checkpoint
+from ray_ddp.worker.results import (
+    EpochTrained,
+    RunSoFar,
+    better,
+    epoch_metrics,
+    fresh_sums,
+    log_epoch,
+    write_ledger,
+)
+from ray_ddp.worker.resume import find_restore_point, restart_epoch, restore_training
+from ray_ddp.worker.start import (
+    announce,
+    build_train_state,
+    count_flops,
+    number_attempt,
+    start_watchdog,
+    wrap_model,
+)
+from ray_ddp.worker.step import EpochPosition, Limits, StepCore, train_segment
+from ray_ddp.worker.timing import StepTimer
+from ray_ddp.worker.unreadable import EpochSkips, settle
+
+
+class WorkerRun:
+    """A worker's run: its config, task, data, model and training state, and the stages
+    a reader looks for (see the module's docstring)."""
+
+    def __init__(
+        self, cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness,
+        worker: Worker,
+    ) -> None:  # fmt: skip
+        self.cfg, self.task, self.facts, self.harness, self.worker = (
+            cfg,
+            task,
+            facts,
+            harness,
+            worker,
+        )
+        self.me = f"rank {worker.rank}"
+        self.watchdog: Any = NullWatchdog()
+        self.attempt = number_attempt(cfg, worker)  # first: whatever fails later is its own
+        self.data = build_worker_data(cfg, worker, task, facts, harness, self._waiting)
+        mark("data built", self.me)
+        seed_initial_weights(cfg.seed)
+        self.model = task.model(cfg, facts)
+        self.meta = task_meta(cfg.task, facts)
+        mark("model built", self.me)
+        self.restored = find_restore_point(cfg.resume_from, worker)
+        # From here on a rank that stops making progress is found (--hang-timeout).
+        self.watchdog = start_watchdog(cfg, worker, self.attempt)
+        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every)
+        self.logs = None
+
+    @classmethod
+    def start(cls, config: dict[str, Any]) -> WorkerRun:
+        """The run of ``loop.loop_config``'s dict, in this worker process."""
+        cfg = TrainConfig.from_dict(config["config"])
+        worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+        mark("loop entered (process group up)", f"rank {worker.rank}")
+        return cls(cfg, config["task"], config["facts"], config["harness"], worker)
+
+    def _waiting(self, first: bool) -> None:
+        """Before each step's batches come from a Ray Data stream."""
+        self.watchdog.doing(seen.WAITING_FOR_DATA, slow=first)
+
+    # ---------------------------------------------------------------------- restore
+    def restore(self) -> None:
+        """Load the restore point's weights, wrap the model, build the optimizer and
+        schedule and restore them; then say what the run is and count its FLOPs."""
+        cfg, worker, restored = self.cfg, self.worker, self.restored
+        if restored is not None:
+            check_compatible(restored.state, self.meta, restored.source)
+            self.model.load_state_dict(restored.state["model"])
+        channels_last = use_channels_last(cfg.channels_last, self.model, worker.device)
+        model = wrap_model(self.model, channels_last, cfg.compile)
+        self.state = state = build_train_state(cfg, worker, self.task, model, self.data)
+        ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
+        self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
+        if cfg.data_engine == "ray":  # a Ray Data stream restarts an epoch it was inside
+            self.partial = restart_epoch(state, worker, steps, self.partial)
+        self.counter = attach_counter(model) if cfg.comm_stats and is_distributed() else None
+        self.core = StepCore(state, self.task, cfg.amp, worker.device, cfg.seed, cfg.grad_clip,
+                             channels_last, worker.rank)  # fmt: skip
+        mark("model wrapped, state restored", self.me)
+        self.ranks = rank_rows(worker)
+        announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
+        self._attach_observers()
+        mark("rank table, logs", self.me)
+        flops = count_flops(cfg, worker, self.task, model, self.data, self.watchdog)
+        self.so_far = RunSoFar(flops=flops)
+        mark("FLOPs counted", self.me)
+
+    def _attach_observers(self) -> None:
+        """What watches every step (``observers``), for the attempt; rank 0's run logs."""
+        cfg, worker = self.cfg, self.worker
+        self.timer = StepTimer(who=self.me)
+        self.timing = seen.Timing(self.timer)
+        self.skips = seen.Skips(SkipLog())
+        chain: list[seen.StepObserver] = [
+            seen.WatchdogSteps(self.watchdog),
+            seen.Faults(self.harness, cfg.run_dir, worker.rank),
+            self.timing,
+            seen.Guard(LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps)),
+            self.skips,
+            seen.Ledger(),
+        ]
+        if worker.is_main:
+            from ray_ddp.io.run_logs import RunLogs  # tensorboardX: rank 0's alone
+
+            self.logs = RunLogs(cfg.run_dir, cfg.tensorboard)
+            chain.append(seen.StepLogs(self.logs, cfg.log_every_steps))
+            if cfg.progress_interval_s > 0:
+                chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
+        self.observer = seen.Observers(*chain)
+
+    # ---------------------------------------------------------------------- train
+    def train(self) -> dict[str, Any]:
+        """Every epoch left (to ``--epochs`` or ``--max-steps``); the summary for the
+        driver (Ray hands rank 0's back)."""
+        cfg, progress = self.cfg, self.state.progress
+        if progress.epoch >= cfg.epochs or self.limits.done(progress.step):
+            self.worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
+        try:
+            for epoch in range(progress.epoch, cfg.epochs):
+                if self.limits.done(progress.step):
+                    break
+                self.run_epoch(epoch)
+        except Exception as exc:
+            note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
+            raise
+        finally:
+            self.close()
+        mark("training ended, logs closed", self.me)
+        return self.so_far.summary(self.worker, progress, self.ranks, self.timer)
+
+    def run_epoch(self, epoch: int) -> None:
+        """Train the epoch, validate, then end it (checkpoint, report, log)."""
+        self.timing.new_epoch()
+        self.skips.log = SkipLog(self.cfg.max_bad_samples, self.worker.rank, epoch)
+        before = (self.state.progress.step, self.counter.syncs if self.counter else 0)
+        trained = self.train_epoch()
+        self.skips.log.rows += self.data.train_order.take_unreadable()  # Ray Data's (rank 0)
+        self.partial = fresh_sums(self.harness.sample_ledger)
+        evaluated = self.validate()
+        self.end_epoch(epoch, trained, evaluated, before)
+
+    def train_epoch(self) -> EpochTrained:
+        """Epoch ``progress.epoch`` from ``progress.sample`` on, in passes that stop for a
+        checkpoint every ``--checkpoint-every`` optimizer steps."""
+        cfg, state, data, worker = self.cfg, self.state, self.data, self.worker
+        position = EpochPosition(state.progress.epoch, state.progress.sample)
+        state.progress.sample = 0
+        sums, started, trained, skipped = self.partial, time.perf_counter(), 0, 0
+        while True:
+            # A new, reproducible order every epoch, from where a checkpoint left it.
+            data.train_order.set_position(position.epoch, position.sample)
+            with explain_oom(cfg, worker, "training"):
+                segment = train_segment(self.core, data.train_order, data.train_loader, sums,
+                                        self.observer, self.limits)  # fmt: skip
+            sums, trained, skipped = (
+                segment.sums,
+                trained + segment.samples,
+                skipped + segment.skipped,
+            )
+            if not segment.checkpoint_due:
+                break
+            position = segment.end
+            self.checkpoint_inside_epoch(position, sums)
+        seconds = time.perf_counter() - started
+        self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
+        totals = {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}
+        totals = sum_over_ranks(totals, worker.device)
+        return EpochTrained(
+            loss_sum=totals["loss_sum"], samples=int(totals["samples"]),
+            all_trained=int(totals["trained"]), own_trained=trained, skipped=skipped,
+            seconds=seconds, own=sums, end_sample=segment.end.sample, ledger=sums.ledger,
+        )  # fmt: skip
+
+    def checkpoint_inside_epoch(self, position: EpochPosition, sums: Any) -> None:
+        """A ``--checkpoint-every`` checkpoint: the epoch's unreadable samples so far named
+        first (before a crash can lose them), no validation."""
+        self.watchdog.doing("checkpoint inside the epoch", slow=True)
+        settle(self.cfg.run_dir, self.skips.log, self.worker.is_main)
+        score = (f"val_{self.task.best_metric}", self.task.best_mode)
+        write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
+                                   sums, score, self.harness)  # fmt: skip
+        self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
+
+    def validate(self) -> EvalResult:
+        """Exact sharded evaluation of the weights and buffers the checkpoint will hold.
+
+        DDP copies rank 0's buffers (BatchNorm running statistics) to the other ranks only
+        at the start of a synchronised forward, so after the epoch's last step every rank
+        holds its own. Rank 0's are what gets saved: every rank evaluates with those."""
+        model = unwrap(self.state.model)
+        self.watchdog.doing("evaluation: broadcast of rank 0's buffers", collective=True)
+        broadcast_buffers(model)
+        then = "evaluation: all-reduce of the sums"
+        batches = watched(self.data.val_loader, "evaluation", self.watchdog, then=then)
+        with explain_oom(self.cfg, self.worker, "evaluation"):
+            return evaluate(model, batches, self.worker.device, self.task, self.cfg.amp)
+
+    def end_epoch(
+        self, epoch: int, trained: EpochTrained, evaluated: EvalResult, before: tuple[int, int]
+    ) -> None:
+        """Count the unreadable samples (may stop the run), then the position, the metrics,
+        the checkpoint with every rank's report, and rank 0's lines. ``before``: the step
+        and the all-reduce count at the epoch's start."""
+        cfg, progress, data = self.cfg, self.state.progress, self.data
+        skips = self.count_unreadable(epoch, evaluated)
+        # A --max-steps stop inside the epoch is saved as that position, so a re-run with
+        # more steps trains the rest of the epoch instead of skipping it.
+        finished = trained.end_sample >= data.train_size
+        progress.epoch, progress.sample = (
+            (epoch + 1, 0) if finished else (epoch, trained.end_sample)
+        )
+        if finished and self.harness.sample_ledger:
+            write_ledger(cfg, self.worker, epoch, trained.ledger)
+        metrics = epoch_metrics(self.task, self.state, trained, evaluated, epoch + 1)
+        metrics.update(world_size=self.worker.world_size, accum_steps=data.accumulation)
+        metrics.update(self.so_far.flops.of(metrics["samples_per_s"]), bad_samples=skips.total)
+        progress.best_score = better(self.task, progress.best_score, metrics)
+        if self.counter is not None:
+            steps = max(1, progress.step - before[0])
+            metrics["allreduces_per_step"] = (self.counter.syncs - before[1]) / steps
+        own = fresh_sums(self.harness.sample_ledger) if finished else trained.own
+        timing = self.timing.epoch.summary(trained.seconds)
+        speed = trained.own_trained / trained.seconds
+        self.watchdog.doing("epoch end: checkpoint and report", slow=True)
+        per_rank = checkpoint_and_report(cfg, self.worker, self.state, self.meta, metrics, own,
+                                         self.harness, speed, timing)  # fmt: skip
+        log_epoch(cfg, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
+                  self.ranks)  # fmt: skip
+        self.watchdog.progress("epoch end")
+        self.so_far.add(metrics, trained, per_rank)
+
+    def count_unreadable(self, epoch: int, evaluated: EvalResult) -> EpochSkips:
+        """The epoch's unreadable samples, all ranks (a collective): named in the run's
+        ``bad_samples.csv`` and said by rank 0; over ``--max-bad-samples`` every rank raises
+        BadSamplesError here, before the epoch is checkpointed."""
+        self.watchdog.doing("epoch end: gathering the unreadable samples", collective=True)
+        cfg, worker = self.cfg, self.worker
+        skips = settle(cfg.run_dir, self.skips.log, worker.is_main, evaluated.skipped)
+        if skips.total:
+            val_size = self.data.val_size
+            worker.log(skipped_line(epoch, skips.train, skips.val, evaluated.samples, val_size,
+                                    cfg.run_dir))  # fmt: skip
+        return skips
+
+    def close(self) -> None:
+        """Rank 0's run logs flushed (TensorBoard; curves.png rendered from metrics.csv)."""
+        if self.logs is not None:
+            self.logs.close()
+            self.logs = None
+
+    def stop_watching(self) -> None:
+        self.watchdog.stop()
+
+
+@contextlib.contextmanager
+def explain_oom(cfg: TrainConfig, worker: Worker, phase: str) -> Iterator[None]:
+    """Turn an out-of-memory error into what to change: the per-worker batch."""
+    try:
+        yield
+    except torch.OutOfMemoryError as exc:
+        size = (
+            f"batches of 2 x --batch-size = {2 * cfg.batch_size}"
+            if phase == "evaluation"  # no activations kept for backward: twice the batch
+            else f"--batch-size {cfg.batch_size}"
+        )
+        raise RuntimeError(
+            f"out of memory on rank {worker.rank} ({worker.device}) during {phase} with {size} "
+            f"per worker: lower --batch-size and raise --accum-steps to keep the global batch "
+            f"of {cfg.global_batch_size}"
+        ) from exc

@@ -1,0 +1,151 @@
+"""What a worker does before its first step: number its attempt, start its hang watchdog,
+wrap the model (channels_last, DDP, torch.compile), build the optimizer and schedule, say
+what the run is (the rank table, the batch arithmetic, the data) and count the model's
+FLOPs."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import ray.train
+import ray.train.torch
+import torch
+
+from ray_ddp.checkpoint.format import unwrap
+from ray_ddp.config import TrainConfig
+from ray_ddp.data.unreadable import take_skipped
+from ray_ddp.io import reporting
+from ray_ddp.reliability.attempts import record_attempt
+from ray_ddp.reliability.hangs.dump import HangSite, handle_hang
+from ray_ddp.reliability.hangs.report import hang_folder
+from ray_ddp.reliability.hangs.watchdog import NullWatchdog, Watchdog
+from ray_ddp.task import Task, map_tensors
+from ray_ddp.worker.collectives import all_gather
+from ray_ddp.worker.data import WorkerData
+from ray_ddp.worker.flops import FlopRate, flops_line, peak_tflops, training_flops_per_sample
+from ray_ddp.worker.identity import Worker
+from ray_ddp.worker.optim import build_optimizer, build_scheduler
+from ray_ddp.worker.precision import grad_scaler
+from ray_ddp.worker.state import TrainState
+
+
+@dataclass(frozen=True)
+class Attempt:
+    number: int
+    peers: tuple[tuple[str, int], ...]
+    """Every rank's (host, pid), in rank order."""
+
+
+def number_attempt(cfg: TrainConfig, worker: Worker) -> Attempt:
+    """This attempt's number (rank 0 adds it to ``<run>/attempts.csv``) and every rank's
+    host and pid, known to every rank (a collective)."""
+    number = 0
+    if worker.is_main:
+        checkpoint = ray.train.get_checkpoint()
+        name = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else ""
+        number = record_attempt(cfg.run_dir, worker.world_size, name)
+    gathered = all_gather((number, socket.gethostname(), os.getpid()))
+    return Attempt(gathered[0][0], tuple((host, pid) for _, host, pid in gathered))
+
+
+def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> Watchdog | NullWatchdog:
+    """The rank's hang watchdog, started (a null one with ``--hang-timeout 0``)."""
+    if cfg.hang_timeout == 0:
+        return NullWatchdog()
+    folder = hang_folder(cfg.run_dir, attempt.number)
+    site = HangSite(worker.rank, worker.world_size, attempt.number, folder, attempt.peers)
+    return Watchdog(
+        on_hang=lambda stall: handle_hang(stall, site),
+        steady_s=cfg.hang_timeout,
+        grace_s=cfg.hang_grace,
+        peer_check=site.peer_found_hang,
+    ).start()
+
+
+def wrap_model(model: torch.nn.Module, channels_last: bool, compiled: bool) -> torch.nn.Module:
+    """NHWC if asked, then DDP (with more than one worker) on this worker's device, then
+    torch.compile if asked: compiling the DDP module lets its graph break at the gradient
+    buckets, which keeps the all-reduces overlapping the backward."""
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    model = ray.train.torch.prepare_model(model)
+    return torch.compile(model) if compiled else model
+
+
+def build_train_state(
+    cfg: TrainConfig, worker: Worker, task: Task, model: torch.nn.Module, data: WorkerData
+) -> TrainState:
+    """Optimizer (over the task's parameter groups), warm-up + cosine schedule over the
+    run's optimizer steps, GradScaler."""
+    total_steps = data.steps_per_epoch * cfg.epochs
+    if cfg.max_steps:
+        total_steps = min(total_steps, cfg.max_steps)
+    optimizer = build_optimizer(cfg, task.param_groups(unwrap(model), cfg))
+    return TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(cfg, optimizer, total_steps),
+        scaler=grad_scaler(cfg.amp, worker.device),
+    )
+
+
+def announce(
+    cfg: TrainConfig,
+    worker: Worker,
+    task: Task,
+    facts: dict[str, Any],
+    data: WorkerData,
+    ranks: list[dict],
+) -> None:
+    """The rank table, the batch arithmetic and the data sizes, once, from rank 0."""
+    worker.log(reporting.rank_table(ranks))
+    worker.log(
+        reporting.batch_line(
+            cfg.batch_size, worker.world_size, data.accumulation, cfg.global_batch_size
+        )
+    )
+    described = ", ".join(f"{k} {reporting.short(v)}" for k, v in facts.items())
+    worker.log(
+        f"data: {task.name(cfg)}, {data.train_size} train / {data.val_size} val samples"
+        f"{f' ({described})' if described else ''}; {data.steps_per_epoch} optimizer steps "
+        f"of {cfg.global_batch_size} samples per epoch"
+    )
+    described_order = data.train_order.describe()
+    if described_order:
+        worker.log(described_order)
+    if cfg.elastic:
+        low, high = cfg.worker_range
+        worker.log(
+            f"elastic: {low} to {high} workers, now {worker.world_size}; the global batch of "
+            f"{cfg.global_batch_size} and the data order stay the same at every count"
+        )
+
+
+def count_flops(
+    cfg: TrainConfig,
+    worker: Worker,
+    task: Task,
+    model: torch.nn.Module,
+    data: WorkerData,
+    watchdog: Watchdog | NullWatchdog,
+) -> FlopRate:
+    """FLOPs per training sample, counted once on two validation samples (a forward and
+    backward of a copy of the model), and the workers' peak on GPUs of a known kind;
+    rank 0 logs them."""
+    watchdog.doing("start: counting the model's FLOPs", slow=True)
+    try:
+        batch, _ = take_skipped(next(iter(data.val_loader)))
+    except StopIteration:  # this rank's validation share is empty
+        batch = None
+    per_sample = None
+    if batch is not None:
+        batch = map_tensors(batch, lambda t: t[:2].to(worker.device))
+        per_sample = training_flops_per_sample(unwrap(model), task, batch)
+    peak = None
+    if worker.device.type == "cuda":
+        peak = peak_tflops(torch.cuda.get_device_name(worker.device), cfg.amp)
+    worker.log(flops_line(per_sample, peak, cfg.amp))
+    return FlopRate(per_sample, peak * worker.world_size if peak else None)

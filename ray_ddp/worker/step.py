@@ -1,0 +1,256 @@
+"""The training step, and one pass of a worker over its micro-batches.
+
+``StepCore`` is the machine-learning core, in one place: each micro-batch's forward under
+autocast and its backward weighted by its share of the step's samples, under DDP's
+``no_sync`` but on the rank's last micro-batch of the step; then clipping the true
+(unscaled) gradients, the optimizer step through the GradScaler, and zeroing.
+
+``train_segment`` feeds it the micro-batches the epoch's order gives this rank, from a
+position to the epoch's end, or to a step boundary where a checkpoint is due or
+``--max-steps`` is reached (the caller checkpoints and calls again). Everything else that
+happens around a step (the hang watchdog, timing, the loss guard, the ledger, unreadable
+samples, TensorBoard, progress lines, a test's faults) is an observer it notifies
+(``ray_ddp.worker.observers``). No Ray here: the GPU path check runs it on machines without
+Ray; the process group, if any, is torch.distributed's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from ray_ddp.data.order.global_order import EpochPlan, GlobalOrderBatches, Slot
+from ray_ddp.data.seeding import seed_micro_batch
+from ray_ddp.data.unreadable import BadSamplesError, take_skipped
+from ray_ddp.task import Task, map_tensors
+from ray_ddp.worker.collectives import world_size
+from ray_ddp.worker.optim import optimizer_step
+from ray_ddp.worker.precision import autocast
+from ray_ddp.worker.state import EpochSums, TrainState
+
+if TYPE_CHECKING:
+    from ray_ddp.worker.observers import StepObserver
+
+
+@dataclass(frozen=True)
+class EpochPosition:
+    """Sample ``sample`` of epoch ``epoch``'s global order (both 0-based): how far into
+    the epoch training is, the same at every world size (``ray_ddp.data.order``)."""
+
+    epoch: int
+    sample: int
+
+
+@dataclass
+class StepCore:
+    """What one optimizer step computes, on this rank."""
+
+    state: TrainState
+    task: Task
+    amp: str
+    """``off``, ``bf16`` or ``fp16`` (autocast; fp16's GradScaler is ``state.scaler``)."""
+    device: torch.device
+    seed: int
+    grad_clip: float
+    """Clip the global gradient norm to this; 0: no clipping."""
+    channels_last: bool = False
+    rank: int = 0
+    """This rank (for messages)."""
+
+    def __post_init__(self) -> None:
+        self.no_sync = getattr(self.state.model, "no_sync", None)  # no DDP with one worker
+        self.ranks = world_size()  # DDP averages the ranks' gradients: each weighs by its share
+
+    def backward(self, batch, slot: Slot, weight: float, step: int, observer: StepObserver):
+        """Forward and backward of one micro-batch of optimizer step ``step`` (counted over
+        the run), its loss weighted by ``weight`` (see ``train_segment``); returns the loss
+        (the mean over its samples)."""
+        # Only the boundary micro-step all-reduces gradients; the others accumulate locally
+        # under no_sync() (the guide's version all-reduced on every micro-step).
+        local = self.no_sync is not None and not slot.boundary
+        with self.no_sync() if local else contextlib.nullcontext():
+            if self.channels_last:
+                batch = map_tensors(batch, _channels_last)
+            # Dropout and the like follow the micro-batch, whichever rank trains it.
+            seed_micro_batch(self.seed, step, slot.micro, self.device)
+            with autocast(self.amp, self.device):
+                loss = self.task.loss(self.state.model, batch).float()
+            loss = observer.loss(loss, slot, step)
+            if slot.boundary:
+                observer.syncing(slot, distributed=self.no_sync is not None)
+            self.state.scaler.scale(loss * weight).backward()
+        return loss
+
+    def update(self) -> bool:
+        """Clip, step and zero the gradients; whether the step was applied (an fp16 step
+        whose gradients overflowed is skipped, and the schedule stays put)."""
+        state = self.state
+        if self.grad_clip > 0:
+            state.scaler.unscale_(state.optimizer)  # clip the true gradients, not scaled ones
+            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip)
+        applied = optimizer_step(state.optimizer, state.scaler, state.scheduler)
+        state.optimizer.zero_grad(set_to_none=True)
+        return applied
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Where a pass stops early, at an optimizer-step boundary."""
+
+    max_steps: int | None = None
+    """``--max-steps``: the run's last step."""
+    checkpoint_every: int | None = None
+    """``--checkpoint-every``: a checkpoint is due every this many steps (inside the epoch:
+    its end has its own)."""
+
+    def done(self, step: int) -> bool:
+        return bool(self.max_steps) and step >= self.max_steps  # type: ignore[operator]
+
+    def checkpoint_due(self, step: int) -> bool:
+        return bool(self.checkpoint_every) and step % self.checkpoint_every == 0  # type: ignore[operator]
+
+
+@dataclass
+class Pass:
+    """A pass in progress, as observers see it."""
+
+    plan: EpochPlan
+    """The epoch's plan, from the position the pass started at."""
+    micro_batches: int
+    """This rank's micro-batches in the pass (its slots)."""
+    index: int = 0
+    """The micro-batch being trained (0-based)."""
+    step: int = 0
+    """The optimizer step being trained, counted over the run (1-based)."""
+    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    """This rank's sum of per-sample losses over the epoch so far, on the device: an
+    ``.item()`` every step would wait for the GPU each time."""
+    seen: int = 0
+    """This rank's samples of the epoch so far (the part before the pass included)."""
+    trained: int = 0
+    """This rank's samples trained in this pass."""
+    started: float = field(default_factory=time.perf_counter)
+    unread: frozenset[int] = frozenset()
+    """The dataset indices of the micro-batch's unreadable samples."""
+    ledger: list[tuple[int, int]] | None = None
+    """A test's sample ledger of the epoch (``EpochSums.ledger``), or None."""
+
+
+@dataclass(frozen=True)
+class EpochSegment:
+    """What one pass trained: up to the epoch's end, or to a due checkpoint."""
+
+    end: EpochPosition
+    """Where it stopped (``end.sample`` is the epoch's size at its end; earlier at a due
+    checkpoint or at ``--max-steps``)."""
+    sums: EpochSums
+    """This rank's sums over the whole epoch so far (earlier passes included)."""
+    samples: int
+    """Samples trained in this pass (for speed)."""
+    skipped: int
+    """fp16 steps the GradScaler skipped (overflowed gradients)."""
+    checkpoint_due: bool
+    """Stopped early because ``--checkpoint-every`` steps were reached."""
+
+
+def train_segment(
+    core: StepCore,
+    order: GlobalOrderBatches,
+    loader: Iterable,
+    sums: EpochSums,
+    observer: StepObserver,
+    limits: Limits,
+) -> EpochSegment:
+    """Train the micro-batches ``order`` holds for this rank (the caller set its position;
+    ``loader`` draws from it and yields the task's batches, on the device), continuing the
+    epoch's ``sums``; stops at the epoch's end or where ``limits`` say."""
+    progress, plan, slots = core.state.progress, order.plan, order.slots
+    now = Pass(plan, len(slots), seen=sums.samples, ledger=sums.ledger)
+    now.loss_sum = torch.tensor(sums.loss_sum, dtype=torch.float64, device=core.device)
+    end, due, skipped = EpochPosition(plan.epoch, plan.size), False, 0
+    core.state.model.train()
+    core.state.optimizer.zero_grad(set_to_none=True)
+    observer.pass_started(now)
+    opened = time.perf_counter()
+    batches = iter(loader)  # a Ray Data stream starts here: its wait is the data's too
+    observer.fetched(now, time.perf_counter() - opened)
+    last_good = None  # this rank's latest micro-batch with a readable sample
+    for now.index, slot in enumerate(slots):
+        now.step = progress.step + 1
+        batch = _fetch(batches, now, observer)
+        batch, good, stand_in = _readable(batch, slot, last_good, observer, now, core.rank)
+        # The step's gradient is the mean over all its samples, however the ranks and
+        # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
+        # weighs by its share of the step's samples, times the ranks DDP divides by.
+        weight = 0.0 if stand_in else slot.size * core.ranks / slot.step_samples
+        last_good = last_good if stand_in else batch
+        observer.computing(slot, now)
+        loss = core.backward(batch, slot, weight, now.step, observer)
+        if not slot.filler:
+            now.loss_sum += loss.detach().double() * good
+            now.seen, now.trained = now.seen + good, now.trained + good
+        if slot.boundary:
+            observer.updating(now)
+            skipped += 0 if core.update() else 1
+            progress.step += 1
+            observer.stepped(now, loss, core.state.lr)
+        observer.trained(slot, now)
+        if slot.boundary and (
+            limits.done(progress.step)
+            or (limits.checkpoint_due(progress.step) and slot.step + 1 < plan.steps)
+        ):  # where a re-run, or the resume from the checkpoint now due, continues
+            end = EpochPosition(plan.epoch, plan.step_start(slot.step + 1))
+            due = not limits.done(progress.step)
+            break
+    observer.pass_ended(now)
+    return EpochSegment(end, EpochSums(now.loss_sum.item(), now.seen, sums.ledger), now.trained,
+                        skipped, due)  # fmt: skip
+
+
+def _fetch(batches, now: Pass, observer: StepObserver):
+    observer.fetching(now)
+    waited = time.perf_counter()
+    batch = next(batches, None)
+    observer.fetched(now, time.perf_counter() - waited)
+    if batch is None:
+        raise RuntimeError(
+            f"the loader ran out after {now.index} of {now.micro_batches} micro-batches"
+        )
+    return batch
+
+
+def _readable(batch, slot: Slot, last_good, observer: StepObserver, now: Pass, rank: int):
+    """``(batch, samples that count, whether it stands in)``: where nothing of the
+    micro-batch was readable, the latest readable one stands in (trained with weight 0). Unreadable
+    samples were left out (``ray_ddp.data.unreadable``): the micro-batch keeps its weight,
+    its loss is the mean over the samples that were read, and only those count. A filler's
+    were counted by the rank that trained them. A micro-batch of nothing readable still
+    takes part in the step's backward, with weight 0 (as the epoch's fillers do): on this
+    rank's previous micro-batch; the attempt's first has none, and the run stops."""
+    batch, bad = take_skipped(batch)
+    now.unread = frozenset(b.index for b in bad)
+    if bad and not slot.filler:
+        observer.unreadable(bad, now)  # raises once this rank alone is over the cap
+    good = slot.size - (0 if slot.filler else len(bad))
+    if batch is not None:
+        return batch, good, False
+    if last_good is None:
+        names = ", ".join(f"{b.name} ({b.error})" for b in bad[:3])
+        raise BadSamplesError(
+            f"every sample of rank {rank}'s first micro-batch was unreadable: {names}. Fix "
+            "or remove them"
+        )
+    return last_good, good, True
+
+
+def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    """An image tensor (4-d floating point) in NHWC memory, like the weights; others as
+    they are."""
+    if tensor.dim() == 4 and tensor.is_floating_point():
+        return tensor.contiguous(memory_format=torch.channels_last)
+    return tensor
