@@ -1,10 +1,12 @@
 """The package's architecture, held in seconds (no Ray started): the import contracts of
 pyproject.toml (layers, the worker and data rules, Ray's private modules behind
 ray_ddp.compat, no circles), no mention of Ray's private modules elsewhere, every private
-Ray name compat uses still where it was, and the command-line flags unchanged."""
+Ray name compat uses still where it was, functions short enough to read, and the
+command-line flags unchanged."""
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -33,6 +35,26 @@ def _shipped_files() -> list[str]:
         for folder, _, names in os.walk(os.path.join(ROOT, top)):
             found += [os.path.join(folder, n) for n in names if n.endswith((".py", ".sh"))]
     return found
+
+
+LONGEST_FUNCTION = 80  # lines, docstring included
+
+
+def test_no_function_of_the_package_or_the_jobs_is_longer_than_a_screen():
+    long = []
+    for path in _shipped_files():
+        if not path.endswith(".py") or os.sep + "benchmarks" + os.sep in path:
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > LONGEST_FUNCTION:
+                    long.append(
+                        f"{os.path.relpath(path, ROOT)}:{node.lineno} {node.name} ({lines})"
+                    )
+    assert not long, long
 
 
 def test_only_the_compat_package_mentions_rays_private_modules():

@@ -92,78 +92,14 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     task = prepared.task
     metric, mode = f"val_{task.best_metric}", task.best_mode
     import ray
-    from ray import tune
-    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
-    from ray.tune.search import BasicVariantGenerator
-
-    from ray_ddp.cluster.connect import alive_nodes
-    from ray_ddp.driver.run import shared_resume_from
 
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
     name = cfg.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = join(cfg.storage_path, name)
     cfg = dataclasses.replace(cfg, name=None, summary_json=None)
-
-    trainable = tune.with_resources(_run_trial, {"CPU": sweep.trial_cpus})
-    print(
-        f"sweep {name} -> {sweep_dir}: {sweep.num_samples} trials, up to {concurrency} at "
-        f"once, lr log-uniform [{sweep.lr_min:g}, {sweep.lr_max:g}], per-worker batch in "
-        f"{sweep.batch_sizes}, {cfg.num_workers} workers per trial, "
-        + (
-            f"ASHA (grace {sweep.grace_period}, reduction {sweep.reduction_factor:g})"
-            if sweep.early_stop
-            else "no early stopping"
-        ),
-        flush=True,
-    )
-    if sweep.scale_lr:
-        print(
-            f"lr scaling on: each trial's lr x (its batch / {cfg.batch_size}), the global "
-            "batch ratio (workers and accumulation are the same for every trial)",
-            flush=True,
-        )
+    _announce(cfg, sweep, name, sweep_dir, concurrency)
     started = time.perf_counter()
-    if sweep.resume:
-        if not tune.Tuner.can_restore(sweep_dir):
-            raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
-        tuner = tune.Tuner.restore(
-            sweep_dir, trainable, resume_unfinished=True, resume_errored=True
-        )
-    else:
-        refuse_existing(sweep_dir)  # a generated name too, however unlikely
-        cfg = shared_resume_from(cfg, sweep_dir, alive_nodes())
-        scheduler = (
-            ASHAScheduler(
-                time_attr="epoch",
-                max_t=cfg.epochs,
-                grace_period=sweep.grace_period,
-                reduction_factor=sweep.reduction_factor,
-            )
-            if sweep.early_stop
-            else FIFOScheduler()
-        )
-        tuner = tune.Tuner(
-            trainable,
-            param_space={
-                "train": cfg.to_dict(),
-                "train_storage": join(sweep_dir, "train"),
-                "facts": prepared.facts,
-                "scale_lr": sweep.scale_lr,
-                "lr": tune.loguniform(sweep.lr_min, sweep.lr_max),
-                "batch_size": tune.choice(sweep.batch_sizes),
-            },
-            tune_config=tune.TuneConfig(
-                metric=metric,
-                mode=mode,
-                num_samples=sweep.num_samples,
-                scheduler=scheduler,
-                # Seeded: the same --seed samples the same learning rates and batch sizes.
-                # The concurrency limit goes here: Tune ignores TuneConfig's
-                # max_concurrent_trials when given a search algorithm instance.
-                search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrency),
-            ),
-            run_config=tune.RunConfig(name=name, storage_path=cfg.storage_path, verbose=0),
-        )
+    tuner = _tuner(cfg, sweep, name, sweep_dir, concurrency, prepared.facts, metric, mode)
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
     trials = [trial_row(result, cfg.epochs, metric, mode) for result in grid]
@@ -185,3 +121,82 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
         "best": best,
         "trials": trials,
     }
+
+
+def _announce(cfg: TrainConfig, sweep: SweepConfig, name: str, sweep_dir: str, concurrency: int):
+    print(
+        f"sweep {name} -> {sweep_dir}: {sweep.num_samples} trials, up to {concurrency} at "
+        f"once, lr log-uniform [{sweep.lr_min:g}, {sweep.lr_max:g}], per-worker batch in "
+        f"{sweep.batch_sizes}, {cfg.num_workers} workers per trial, "
+        + (
+            f"ASHA (grace {sweep.grace_period}, reduction {sweep.reduction_factor:g})"
+            if sweep.early_stop
+            else "no early stopping"
+        ),
+        flush=True,
+    )
+    if sweep.scale_lr:
+        print(
+            f"lr scaling on: each trial's lr x (its batch / {cfg.batch_size}), the global "
+            "batch ratio (workers and accumulation are the same for every trial)",
+            flush=True,
+        )
+
+
+def _tuner(
+    cfg: TrainConfig,
+    sweep: SweepConfig,
+    name: str,
+    sweep_dir: str,
+    concurrency: int,
+    facts: dict[str, Any],
+    metric: str,
+    mode: str,
+):
+    """The sweep's Tuner: the one at ``sweep_dir`` continued (``--resume``), or a new one."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
+    from ray.tune.search import BasicVariantGenerator
+
+    from ray_ddp.cluster.connect import alive_nodes
+    from ray_ddp.driver.run import shared_resume_from
+
+    trainable = tune.with_resources(_run_trial, {"CPU": sweep.trial_cpus})
+    if sweep.resume:
+        if not tune.Tuner.can_restore(sweep_dir):
+            raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
+        return tune.Tuner.restore(sweep_dir, trainable, resume_unfinished=True, resume_errored=True)
+    refuse_existing(sweep_dir)  # a generated name too, however unlikely
+    cfg = shared_resume_from(cfg, sweep_dir, alive_nodes())
+    scheduler = (
+        ASHAScheduler(
+            time_attr="epoch",
+            max_t=cfg.epochs,
+            grace_period=sweep.grace_period,
+            reduction_factor=sweep.reduction_factor,
+        )
+        if sweep.early_stop
+        else FIFOScheduler()
+    )
+    return tune.Tuner(
+        trainable,
+        param_space={
+            "train": cfg.to_dict(),
+            "train_storage": join(sweep_dir, "train"),
+            "facts": facts,
+            "scale_lr": sweep.scale_lr,
+            "lr": tune.loguniform(sweep.lr_min, sweep.lr_max),
+            "batch_size": tune.choice(sweep.batch_sizes),
+        },
+        tune_config=tune.TuneConfig(
+            metric=metric,
+            mode=mode,
+            num_samples=sweep.num_samples,
+            scheduler=scheduler,
+            # Seeded: the same --seed samples the same learning rates and batch sizes.
+            # The concurrency limit goes here: Tune ignores TuneConfig's
+            # max_concurrent_trials when given a search algorithm instance.
+            search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrency),
+        ),
+        run_config=tune.RunConfig(name=name, storage_path=cfg.storage_path, verbose=0),
+    )
