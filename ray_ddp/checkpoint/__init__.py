@@ -1,0 +1,1 @@
+"""What a checkpoint holds, and writing it whole or not at all (``format``); no Ray."""

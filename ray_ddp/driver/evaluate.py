@@ -1,6 +1,6 @@
 """``jobs/evaluate.py``: evaluate a checkpoint with N Ray workers.
 
-The same exact sharded evaluation as training's validation (``sharded_eval``: each
+The same exact sharded evaluation as training's validation (``ray_ddp.worker.evaluate``: each
 sample on exactly one rank, sums all-reduced) with the task's ``evaluation_metrics``
 (per-class accuracy for the built-in classification) and, optionally, every sample's
 ``predictions`` written to Parquet. The checkpoint may be a local directory or

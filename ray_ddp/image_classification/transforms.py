@@ -1,6 +1,6 @@
 """What a dataset looks like to the model (``DatasetInfo``) and the image transforms that
 make it so: decoding to RGB, resizing, normalising, augmenting. Shared by every dataset
-reader (``datasets``, ``parquet_data``), which import it and not each other."""
+reader (``datasets``, ``parquet``), which import it and not each other."""
 
 from __future__ import annotations
 

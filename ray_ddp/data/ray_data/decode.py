@@ -41,8 +41,7 @@ def split_items(cfg: TrainConfig, split: str) -> tuple[list[dict[str, Any]], Any
     groups are the items) or the ImageFolder split's root."""
     assert cfg.data_dir is not None
     if cfg.dataset == "parquet":
-        from ray_ddp.data.parquet_stream import split_path
-        from ray_ddp.data.parquet_stream import SplitLayout
+        from ray_ddp.data.parquet_stream import SplitLayout, split_path
 
         path = split_path(cfg.data_dir, split)
         layout = SplitLayout(path, [cfg.feature_column or cfg.image_column, cfg.label_column])

@@ -14,12 +14,12 @@ from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.config.batch import micro_batches
 from ray_ddp.data.ray_data.decode import (
     FILES_PER_TASK,
-    warm_up,
     Decode,
     MakeDecoder,
     Reporter,
     split_items,
     unreadable_actor,
+    warm_up,
 )
 
 MAX_BLOCKS = 1000

@@ -11,7 +11,6 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import ray
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.order.global_order import Slot

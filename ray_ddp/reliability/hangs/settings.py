@@ -8,7 +8,7 @@ torch watchdog and flight recorder.
 - NCCL (GPU workers): the flight recorder keeps the last ``TRACE_ENTRIES`` collectives of
   every rank (``TORCH_NCCL_TRACE_BUFFER_SIZE``; what each rank started and finished, the
   first thing to read in a collective hang), which the hung rank dumps into its hang folder
-  (``hang_dump.collect_nccl_trace``); torch's own NCCL watchdog dumps it too when a
+  (``dump.collect_nccl_trace``); torch's own NCCL watchdog dumps it too when a
   collective passes the timeout (``TORCH_NCCL_DUMP_ON_TIMEOUT``) to a node-local file the
   hung rank then collects; and a collective past the timeout fails the rank instead of
   blocking forever (``TORCH_NCCL_ASYNC_ERROR_HANDLING=1``, which Ray sets as well).
