@@ -41,7 +41,7 @@ MARGIN_MB = 300  # the limit: the child's memory after its imports + this
 SHUFFLE_BUFFER = 128  # rows (~25 MB)
 BATCH_SIZE = 32
 # Streaming holds at most (ceil(M/W) + 2) (ceil(B/g) + 2) + 2 = 3 x 6 + 2 = 20 row groups
-# (README, "Data larger than memory": M = W = 1, B = 128, g = 32), 20 x 6.3 MB = 126 MB,
+# (docs/data.md, "Data larger than memory": M = W = 1, B = 128, g = 32), 20 x 6.3 MB = 126 MB,
 # plus the DataLoader's prefetch; measured: about +160 MB over the imports, all included.
 
 pytestmark = [

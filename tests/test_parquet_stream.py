@@ -182,7 +182,7 @@ def test_memory_mode_reads_the_same_rows(shards):
 
 
 def held_bound(workers: int, micro: int, buffer: int, group_rows: int, batch: int) -> int:
-    """The README's bound on row groups a worker holds (its last term is the read-ahead)."""
+    """docs/data.md's bound on row groups a worker holds (its last term is the read-ahead)."""
     buffer = -(-buffer // batch) * batch
     return (-(-micro // workers) + 2) * (-(-buffer // group_rows) + 2) + READ_AHEAD
 

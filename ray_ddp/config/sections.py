@@ -217,7 +217,7 @@ class Target:
 
     task: str = BUILTIN_TASK
     """What to train: ``package.module:Name`` of a ``ray_ddp.Task`` subclass or instance
-    (your model, data, loss and metrics; see the README, "Your own model"). The default
+    (your model, data, loss and metrics; see docs/tasks.md). The default
     is the built-in image classification, which the data and model flags below configure."""
     model: str = "small_resnet"
     """``small_resnet`` (a small ResNet with BatchNorm, fast on CPU, good on small real
@@ -279,7 +279,7 @@ class Data:
     shuffle_buffer: int = option(2048, bound=POSITIVE)
     """Streaming Parquet: rows shuffled together. Each epoch permutes the row groups, then
     each run of this many rows is permuted; a larger buffer is closer to a full shuffle and
-    holds more rows in memory (see the README, "Data larger than memory")."""
+    holds more rows in memory (see docs/data.md, "Data larger than memory")."""
     data_engine: str = option("torch", choices=DATA_ENGINES)
     """Who reads and decodes: ``torch`` (DataLoader worker processes beside each training
     worker) or ``ray`` (Ray Data: read and decode on the cluster's CPUs, CPU-only nodes

@@ -14,7 +14,7 @@ files' footers alone. Nothing else is read until a loader asks:
 
 Which rows a rank trains, in which order, is the business of ``ray_ddp.data.order.global_order``
 (with ``ray_ddp.data.order.streaming`` for the two-level shuffle); this module only turns a
-sequence of row numbers into their values with bounded memory. See the README, "Data
+sequence of row numbers into their values with bounded memory. See docs/data.md, "Data
 larger than memory", for the bound as a formula.
 """
 

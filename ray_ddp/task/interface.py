@@ -55,7 +55,7 @@ The contract, which is what makes ray_ddp's guarantees hold for any task:
   epoch, index), so a resumed run sees the same augmentation as an uninterrupted one.
 
 The task object is pickled to every worker, so keep its own state small (settings, not
-data); its module must be importable on every node (see the README, "Your own model").
+data); its module must be importable on every node (see docs/tasks.md, "A task on a cluster").
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ batches into each training worker.
   ``StreamOrder`` (an epoch order, ``ray_ddp.data.order.EpochOrder``) whose slots are made
   from the batches Ray delivers, a step at a time, and the loaders that yield them.
 
-What holds in this mode (the README's "Ray Data engine" says it for users):
+What holds in this mode (docs/data.md, "Ray Data engine", says it for users):
 
 - every rank trains the same number of rows each epoch (``streaming_split(equal=True)``),
   so the same optimizer steps; the ``N mod world_size`` rows left over (and the
