@@ -302,6 +302,15 @@ class Points(Dataset):
 def _one_epoch(unreadable: set[int], micro: int, per_step: int = 8):
     """One epoch of ``Good``'s regression in this process (one rank, no DDP), SGD with a
     constant learning rate; returns the segment, the weights, the order and the data."""
+    segments, model, slots, data, log = _epochs(unreadable, micro, per_step, epochs=1)
+    return segments[0], model, slots[0], data, log
+
+
+def _epochs(unreadable: set[int], micro: int, per_step: int = 8, epochs: int = 1,
+            stand_in=None):  # fmt: skip
+    """``epochs`` epochs on one ``StepCore`` (one attempt), each a call of
+    ``train_segment`` as ``WorkerRun.train_epoch`` makes it; ``stand_in``: the core's first
+    stand-in (the attempt's example batch)."""
     cfg = TrainConfig(
         batch_size=micro, accum_steps=per_step // micro, num_workers=1, seed=4, grad_clip=0
     )
@@ -315,7 +324,6 @@ def _one_epoch(unreadable: set[int], micro: int, per_step: int = 8):
         world_size=1,
         tag_epoch=False,
     )
-    order.set_position(0, 0)
     loader = DataLoader(
         SkipUnreadable(data), batch_sampler=order, collate_fn=SkipUnreadableCollate(default_collate)
     )
@@ -324,11 +332,18 @@ def _one_epoch(unreadable: set[int], micro: int, per_step: int = 8):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     state = TrainState(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False))
-    core = StepCore(state, Good(), cfg.amp, torch.device("cpu"), cfg.seed, cfg.grad_clip)
+    core = StepCore(state, Good(), cfg.amp, torch.device("cpu"), cfg.seed, cfg.grad_clip,
+                    stand_in=stand_in)  # fmt: skip
     skips = Skips(SkipLog())
     observer = Observers(Guard(LossGuard(torch.device("cpu"), 0, 1)), skips, Ledger())
-    segment = train_segment(core, order, loader, EpochSums(ledger=[]), observer, Limits())
-    return segment, model, order.slots, data, skips.log
+    segments, slots = [], []
+    for epoch in range(epochs):
+        order.set_position(epoch, 0)
+        slots.append(order.slots)
+        segments.append(
+            train_segment(core, order, loader, EpochSums(ledger=[]), observer, Limits())
+        )
+    return segments, model, slots, data, skips.log
 
 
 def _expected_weights(slots, data: Points, stand_in: bool) -> torch.Tensor:
@@ -376,7 +391,32 @@ def test_a_micro_batch_with_nothing_readable_trains_its_previous_one_with_weight
     weights = torch.cat([p.detach().flatten() for p in model.parameters()])
     assert torch.allclose(weights, _expected_weights(slots, data, stand_in=True), atol=1e-6)
     with pytest.raises(BadSamplesError, match="every sample of rank 0's first micro-batch"):
-        _one_epoch(set(probe.slots[0].indices), micro=2)
+        _one_epoch(set(probe.slots[0].indices), micro=2)  # and no example to stand in
+
+
+def test_a_later_epochs_first_micro_batch_with_nothing_readable_trains_a_stand_in():
+    """The stand-in outlives a call of train_segment (a new epoch, a mid-epoch checkpoint):
+    a rank whose epoch starts with a micro-batch of nothing readable trains its latest
+    readable one with weight 0, under the cap, instead of stopping the run (issue 27).
+    The attempt's very first micro-batch has the example batch to stand in."""
+    second = GlobalOrderBatches(
+        16, batch_size=2, global_batch=8, seed=4, rank=0, world_size=1, tag_epoch=False
+    )
+    second.set_position(1, 0)
+    unreadable = set(second.slots[0].indices)  # epoch 2's first micro-batch, both samples
+    segments, model, slots, data, log = _epochs(unreadable, micro=2, epochs=2)
+    assert [s.sums.samples for s in segments] == [14, 14]
+    assert sorted(b.index for b in log.rows) == sorted([*unreadable, *unreadable])
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    expected = _expected_weights(slots[0] + slots[1], data, stand_in=True)
+    assert torch.allclose(weights, expected, atol=1e-6)
+
+    first = set(slots[0][0].indices)  # the attempt's first micro-batch: the example stands in
+    example = default_collate([data[i] for i in sorted(set(range(16)) - first)[:2]])
+    segments, model, slots, data, _ = _epochs(first, micro=2, stand_in=example)
+    weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+    assert segments[0].sums.samples == 14
+    assert torch.allclose(weights, _expected_weights(slots[0], data, stand_in=True), atol=1e-6)
 
 
 class Regression(Good):

@@ -57,6 +57,7 @@ from ray_ddp.worker.start import (
     announce,
     build_train_state,
     count_flops,
+    example_batch,
     number_attempt,
     start_watchdog,
     wrap_model,
@@ -131,7 +132,9 @@ class WorkerRun:
         announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
         self._attach_observers()
         mark("rank table, logs", self.me)
-        flops = count_flops(cfg, worker, self.task, model, self.data, self.watchdog)
+        example = example_batch(self.data, worker.device, self.watchdog)
+        self.core.stand_in = example
+        flops = count_flops(cfg, worker, self.task, model, example, self.watchdog)
         self.so_far = RunSoFar(flops=flops)
         mark("FLOPs counted", self.me)
 

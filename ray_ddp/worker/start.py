@@ -124,26 +124,33 @@ def announce(
         )
 
 
+def example_batch(data: WorkerData, device: torch.device, watchdog: Watchdog | NullWatchdog):
+    """Two readable validation samples of this rank, on its device (None if its share has
+    none): what the FLOPs are counted on, and the step's first stand-in for a micro-batch
+    with nothing readable (``step.StepCore.stand_in``)."""
+    watchdog.doing("start: reading an example batch", slow=True)
+    try:
+        batch, _ = take_skipped(next(iter(data.val_loader)))
+    except StopIteration:  # this rank's validation share is empty
+        return None
+    return None if batch is None else map_tensors(batch, lambda t: t[:2].to(device))
+
+
 def count_flops(
     cfg: TrainConfig,
     worker: Worker,
     task: Task,
     model: torch.nn.Module,
-    data: WorkerData,
+    example: Any,
     watchdog: Watchdog | NullWatchdog,
 ) -> FlopRate:
-    """FLOPs per training sample, counted once on two validation samples (a forward and
-    backward of a copy of the model), and the workers' peak on GPUs of a known kind;
-    rank 0 logs them."""
+    """FLOPs per training sample, counted once on ``example`` (a forward and backward of
+    a copy of the model), and the workers' peak on GPUs of a known kind; rank 0 logs
+    them."""
     watchdog.doing("start: counting the model's FLOPs", slow=True)
-    try:
-        batch, _ = take_skipped(next(iter(data.val_loader)))
-    except StopIteration:  # this rank's validation share is empty
-        batch = None
     per_sample = None
-    if batch is not None:
-        batch = map_tensors(batch, lambda t: t[:2].to(worker.device))
-        per_sample = training_flops_per_sample(unwrap(model), task, batch)
+    if example is not None:
+        per_sample = training_flops_per_sample(unwrap(model), task, example)
     peak = None
     if worker.device.type == "cuda":
         peak = peak_tflops(torch.cuda.get_device_name(worker.device), cfg.amp)

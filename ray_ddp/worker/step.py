@@ -20,7 +20,7 @@ import contextlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -61,6 +61,11 @@ class StepCore:
     channels_last: bool = False
     rank: int = 0
     """This rank (for messages)."""
+    stand_in: Any = None
+    """A readable batch of this attempt, trained with weight 0 where a micro-batch has
+    nothing readable: the example the FLOPs were counted on, then the rank's latest
+    readable micro-batch (kept across passes and epochs, so a checkpoint or an epoch's
+    start does not forget it)."""
 
     def __post_init__(self) -> None:
         self.no_sync = getattr(self.state.model, "no_sync", None)  # no DDP with one worker
@@ -179,16 +184,15 @@ def train_segment(
     opened = time.perf_counter()
     batches = iter(loader)  # a Ray Data stream starts here: its wait is the data's too
     observer.fetched(now, time.perf_counter() - opened)
-    last_good = None  # this rank's latest micro-batch with a readable sample
     for now.index, slot in enumerate(slots):
         now.step = progress.step + 1
         batch = _fetch(batches, now, observer)
-        batch, good, stand_in = _readable(batch, slot, last_good, observer, now, core.rank)
+        batch, good, stand_in = _readable(batch, slot, core.stand_in, observer, now, core.rank)
         # The step's gradient is the mean over all its samples, however the ranks and
         # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
         # weighs by its share of the step's samples, times the ranks DDP divides by.
         weight = 0.0 if stand_in else slot.size * core.ranks / slot.step_samples
-        last_good = last_good if stand_in else batch
+        core.stand_in = core.stand_in if stand_in else batch
         observer.computing(slot, now)
         loss = core.backward(batch, slot, weight, now.step, observer)
         if not slot.filler:
@@ -230,8 +234,9 @@ def _readable(batch, slot: Slot, last_good, observer: StepObserver, now: Pass, r
     samples were left out (``ray_ddp.data.unreadable``): the micro-batch keeps its weight,
     its loss is the mean over the samples that were read, and only those count. A filler's
     were counted by the rank that trained them. A micro-batch of nothing readable still
-    takes part in the step's backward, with weight 0 (as the epoch's fillers do): on this
-    rank's previous micro-batch; the attempt's first has none, and the run stops."""
+    takes part in the step's backward, with weight 0 (as the epoch's fillers do), on the
+    core's stand-in; a rank that has none (no validation sample to count FLOPs on, and
+    nothing read yet) stops the run."""
     batch, bad = take_skipped(batch)
     now.unread = frozenset(b.index for b in bad)
     if bad and not slot.filler:
@@ -242,8 +247,8 @@ def _readable(batch, slot: Slot, last_good, observer: StepObserver, now: Pass, r
     if last_good is None:
         names = ", ".join(f"{b.name} ({b.error})" for b in bad[:3])
         raise BadSamplesError(
-            f"every sample of rank {rank}'s first micro-batch was unreadable: {names}. Fix "
-            "or remove them"
+            f"every sample of rank {rank}'s first micro-batch was unreadable, and it has no "
+            f"readable batch to stand in for it: {names}. Fix or remove them"
         )
     return last_good, good, True
 
