@@ -341,6 +341,7 @@ EVALUATE_FLAGS = {
     "-h", "--help", "--split", "--num-workers", "--cpus-per-worker", "--use-gpu", "--no-gpu",
     "--address", "--data-dir", "--batch-size", "--storage-path", "--predictions",
     "--summary-json", "--task",
+    "--max-bad-samples",  # issue 27: unreadable samples in an evaluation
 }  # fmt: skip
 
 

@@ -212,7 +212,13 @@ def test_predictions_are_written_to_a_uri(s3):
     uri = f"s3://{BUCKET}/eval/preds.parquet"
     write_predictions([(0, 1, 0.5), (1, 2, 0.25)], ["predicted", "confidence"], uri)
     table = pq.read_table(io.BytesIO(storage.read_bytes(uri))).to_pydict()
-    assert table == {"index": [0, 1], "predicted": [1, 2], "confidence": [0.5, 0.25]}
+    assert table == {
+        "index": [0, 1],
+        "predicted": [1, 2],
+        "confidence": [0.5, 0.25],
+        "unreadable": [False, False],  # issue 27: a marker on every row
+        "unreadable_error": [None, None],
+    }
 
 
 def test_fp16_is_not_refused_in_a_submitted_job(monkeypatch):

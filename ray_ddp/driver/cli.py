@@ -6,6 +6,7 @@ the result. One wrapper, :func:`exit_code`, maps how a job ended:
 
     0    success
     1    training failed (a worker error, or a sweep where no trial reported a result)
+         or an evaluation stopped by more unreadable samples than --max-bad-samples
     2    bad input (flags, data, checkpoint, resources): one line ``error: ...`` on stderr
          saying what to change; argparse's own errors exit 2 as well
     130  stopped by Ctrl-C (a run resumes with the same flags and --name)
@@ -31,8 +32,13 @@ EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
 # The TrainConfig fields jobs/evaluate.py may change in the config saved in a checkpoint.
 EVAL_OVERRIDES = (
     "num_workers", "cpus_per_worker", "use_gpu", "address", "data_dir", "batch_size",
-    "storage_path", "task",
+    "storage_path", "task", "max_bad_samples",
 )  # fmt: skip
+EVAL_HELP = {
+    "max_bad_samples": "Unreadable samples of the split the evaluation may skip, over all "
+    "workers; each is named in the summary, --summary-json and --predictions. One more stops "
+    "it (exit 1) with a line naming the first of them. 0: stop at the first.",
+}
 
 
 def _raised(exc: BaseException, module: str, name: str) -> bool:
@@ -212,11 +218,12 @@ def evaluate_parser() -> argparse.ArgumentParser:
         TrainConfig,
         only=EVAL_OVERRIDES,
         overrides="changes to the checkpoint's training config",
+        help_text=EVAL_HELP,
     )
     return parser
 
 
-def _evaluate(argv: Sequence[str] | None) -> None:
+def _evaluate(argv: Sequence[str] | None, stopped: list[str]) -> None:
     args = evaluate_parser().parse_args(argv)
     overrides = {name: getattr(args, name) for name in EVAL_OVERRIDES}
     if isinstance(overrides["num_workers"], tuple):
@@ -226,15 +233,26 @@ def _evaluate(argv: Sequence[str] | None) -> None:
     if problem:  # refused before the checkpoint is loaded
         raise ConfigError(problem)
 
+    from ray_ddp.data.unreadable import BadSamplesError
     from ray_ddp.driver.evaluate import results_text, run_evaluation
     from ray_ddp.driver.summary import write_summary
 
-    results = run_evaluation(args.checkpoint, args.split, overrides, args.predictions)
+    try:
+        results = run_evaluation(args.checkpoint, args.split, overrides, args.predictions)
+    except BadSamplesError as exc:  # over --max-bad-samples: no figures
+        stopped.append(str(exc))
+        return
     print(results_text(results), flush=True)
     if args.summary_json:
         write_summary(results, args.summary_json)
 
 
 def evaluate_main(argv: Sequence[str] | None = None) -> int:
-    """``jobs/evaluate.py``: exact distributed evaluation of a checkpoint."""
-    return exit_code(lambda: _evaluate(argv))
+    """``jobs/evaluate.py``: exact distributed evaluation of a checkpoint. More unreadable
+    samples than ``--max-bad-samples`` end it as a failed training does: exit 1, one line."""
+    stopped: list[str] = []
+    code = exit_code(lambda: _evaluate(argv, stopped))
+    if stopped:
+        print(f"evaluation failed: {stopped[0]}", file=sys.stderr)
+        return EXIT_FAILED
+    return code

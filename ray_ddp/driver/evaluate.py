@@ -5,18 +5,27 @@ sample on exactly one rank, sums all-reduced) with the task's ``evaluation_metri
 (per-class accuracy for the built-in classification) and, optionally, every sample's
 ``predictions`` written to Parquet. The checkpoint may be a local directory or
 a storage URI.
+
+Unreadable samples (``ray_ddp.data.unreadable``) are skipped as in training, gathered from
+every rank and named: in the printed summary, in ``--summary-json`` (``unreadable``,
+``split_samples``, ``unreadable_samples``) and in ``--predictions`` (a row per sample of
+the split, ``unreadable`` true for them). More than ``--max-bad-samples`` of them stop the
+evaluation (:func:`check_unreadable`): no figures, one line naming them, exit 1.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.task import Task
 
 SPLITS = ("val", "train")
+NAMED = 5
+"""Unreadable samples the printed summary names (``--summary-json`` lists them all)."""
 
 
 def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
@@ -46,10 +55,17 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     ray.train.report({"samples": result.samples})
     if not worker.is_main:
         return None
+    unreadable = sorted(result.skipped, key=lambda pair: pair[1].index)  # every rank's
     return {
         "metrics": task.summarize(result.means),
         "sums": {name: list(pair) for name, pair in result.sums.items()},
         "samples": result.samples,
+        "split_samples": len(dataset),
+        "unreadable": len(unreadable),
+        "unreadable_samples": [
+            {"index": b.index, "sample": b.name, "error": b.error, "rank": rank}
+            for rank, b in unreadable
+        ],
         "predictions": result.predictions,
         "columns": result.columns,
     }
@@ -111,26 +127,59 @@ def run_evaluation(
     )
     results = trainer.fit().return_value
     results.update(checkpoint=checkpoint, split=split, world_size=cfg.num_workers)
+    check_unreadable(results, cfg.max_bad_samples)  # before anything is written
     columns = results.pop("columns")
     if predictions_path:
-        write_predictions(results.pop("predictions"), columns, predictions_path)
+        rows = results.pop("predictions")
+        write_predictions(rows, columns, predictions_path, results["unreadable_samples"])
         results["predictions_path"] = predictions_path
     else:
         results.pop("predictions")
     return results
 
 
-def write_predictions(rows: list[tuple], columns: list[str], path: str) -> None:
-    """One row per sample: its dataset ``index`` and the task's prediction columns, as
-    Parquet at a local path or a storage URI, written completely or not at all."""
+def check_unreadable(results: dict[str, Any], cap: int) -> None:
+    """Raise BadSamplesError (one line: how many, the first by name, what to do) when the
+    evaluation skipped more than ``cap`` (``--max-bad-samples``) unreadable samples."""
+    from ray_ddp.data.unreadable import BadSample, BadSamplesError, count_text, stop_line
+
+    count = results["unreadable"]
+    if count <= cap:
+        return
+    named = [
+        (s["rank"], BadSample(s["index"], s["sample"], s["error"]))
+        for s in results["unreadable_samples"]
+    ]
+    head = f"{count_text(count)} in the {results['split']} split"
+    raise BadSamplesError(stop_line(head, cap, named, count))
+
+
+def write_predictions(
+    rows: list[tuple], columns: list[str], path: str, unreadable: Sequence[dict[str, Any]] = ()
+) -> None:
+    """One row per sample of the split, by dataset ``index``: the task's prediction
+    columns, ``unreadable`` (false), ``unreadable_error`` (null); for a sample that could not
+    be read (``unreadable``: the results' records) the columns are null, ``unreadable`` true
+    and ``unreadable_error`` says why. Parquet at a local path or a storage URI, written
+    completely or not at all."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from ray_ddp.io.storage import write_bytes
 
-    names = ["index", *columns]
-    values = list(zip(*rows, strict=True)) if rows else [[] for _ in names]
-    table = pa.table({name: pa.array(column) for name, column in zip(names, values, strict=True)})
+    blank = (None,) * len(columns)
+    marked = [(*row, False, None) for row in rows]
+    marked += [(s["index"], *blank, True, s["error"]) for s in unreadable]
+    marked.sort(key=lambda row: row[0])
+    names = ["index", *columns, "unreadable", "unreadable_error"]
+    values = list(zip(*marked, strict=True)) if marked else [[] for _ in names]
+    types = [None] * (len(names) - 2) + [pa.bool_(), pa.string()]
+    table = pa.table(
+        {
+            name: pa.array(column, type=kind)
+            for name, column, kind in zip(names, values, types, strict=True)
+        }
+    )
     out = pa.BufferOutputStream()
     pq.write_table(table, out)
     write_bytes(path, out.getvalue().to_pybytes())
@@ -143,6 +192,7 @@ def results_text(results: dict[str, Any]) -> str:
         f"split {results['split']}: {results['samples']} samples on {results['world_size']} "
         "workers",
     ]
+    lines += unreadable_lines(results)
     sums = results["sums"]
     top = {k: v for k, v in results["metrics"].items() if "/" not in k}
     lines.append("  ".join(f"{k} {_shown(v)}" for k, v in top.items()))
@@ -156,6 +206,26 @@ def results_text(results: dict[str, Any]) -> str:
     if "predictions_path" in results:
         lines.append(f"predictions: {results['predictions_path']}")
     return "\n".join(lines)
+
+
+def unreadable_lines(results: dict[str, Any]) -> list[str]:
+    """How many samples were skipped, what the figures then cover, the first by name."""
+    from ray_ddp.data.unreadable import count_text
+
+    count = results.get("unreadable", 0)
+    if not count:
+        return []
+    lines = [
+        f"{count_text(count)} skipped (metrics over {results['samples']} of "
+        f"{results['split_samples']} samples)"
+    ]
+    for s in results["unreadable_samples"][:NAMED]:
+        lines.append(f"  index {s['index']}: {s['sample']} ({s['error']}; rank {s['rank']})")
+    if count > NAMED:
+        lines.append(
+            f"  ... and {count - NAMED} more; --summary-json and --predictions list them all"
+        )
+    return lines
 
 
 def _shown(value: float) -> str:
