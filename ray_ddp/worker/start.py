@@ -25,7 +25,7 @@ from ray_ddp.reliability.hangs.watchdog import NullWatchdog, Watchdog
 from ray_ddp.task import Task, map_tensors
 from ray_ddp.worker.collectives import all_gather
 from ray_ddp.worker.data import WorkerData
-from ray_ddp.worker.flops import FlopRate, flops_line, peak_tflops, training_flops_per_sample
+from ray_ddp.worker.flops import FlopRate, count_training_flops, flops_line, run_peak
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
@@ -145,14 +145,18 @@ def count_flops(
     watchdog: Watchdog | NullWatchdog,
 ) -> FlopRate:
     """FLOPs per training sample, counted once on ``example`` (a forward and backward of
-    a copy of the model), and the workers' peak on GPUs of a known kind; rank 0 logs
-    them."""
+    a copy of the model), and the workers' peak on GPUs of a known kind: for ``--amp
+    off``, that of the precision torch runs this model's matmuls and convolutions in,
+    read here, after the task built the model and ran its loss (``flops.run_peak``);
+    rank 0 logs them."""
     watchdog.doing("start: counting the model's FLOPs", slow=True)
-    per_sample = None
+    count = None
     if example is not None:
-        per_sample = training_flops_per_sample(unwrap(model), task, example)
-    peak = None
+        count = count_training_flops(unwrap(model), task, example)
+    per_sample = count.per_sample if count else None
+    peak, precision = None, ""
     if worker.device.type == "cuda":
-        peak = peak_tflops(torch.cuda.get_device_name(worker.device), cfg.amp)
-    worker.log(flops_line(per_sample, peak, cfg.amp))
+        name = torch.cuda.get_device_name(worker.device)
+        peak, precision = run_peak(name, cfg.amp, count.conv_share if count else 0.0)
+    worker.log(flops_line(per_sample, peak, precision))
     return FlopRate(per_sample, peak * worker.world_size if peak else None)
