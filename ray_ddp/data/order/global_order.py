@@ -39,6 +39,17 @@ from typing import Any
 from ray_ddp.config.batch import accumulation
 
 
+def micro_batch_count(samples: int, batch_size: int) -> int:
+    """The micro-batches ``samples`` consecutive samples are cut into, the one rule of
+    every engine: ``batch_size`` each, and a last one of a single sample joins the one
+    before it (BatchNorm cannot train on one sample), at ``--batch-size 1`` too, where
+    every micro-batch is one sample; a lone sample stays one."""
+    count = -(-samples // batch_size)
+    if count > 1 and samples - (count - 1) * batch_size == 1:
+        count -= 1
+    return count
+
+
 @dataclass(frozen=True)
 class Slot:
     """One micro-batch a rank trains, in the order it trains them."""
@@ -85,13 +96,11 @@ class EpochPlan:
         return self.global_batch // self.batch_size
 
     def bounds(self) -> list[tuple[int, int]]:
-        """Each micro-batch's [begin, end) in the epoch's order, from ``start`` on."""
-        starts = list(range(self.start, self.size, self.batch_size))
-        ends = starts[1:] + [self.size]
-        if len(starts) > 1 and ends[-1] - starts[-1] == 1:  # a 1-sample tail joins its neighbour
-            starts.pop()
-            ends.pop(-2)
-        return list(zip(starts, ends, strict=True))
+        """Each micro-batch's [begin, end) in the epoch's order, from ``start`` on
+        (:func:`micro_batch_count`'s rule)."""
+        count = micro_batch_count(self.size - self.start, self.batch_size)
+        starts = [self.start + i * self.batch_size for i in range(count)]
+        return list(zip(starts, [*starts[1:], self.size][: len(starts)], strict=True))
 
     @property
     def first_step(self) -> int:

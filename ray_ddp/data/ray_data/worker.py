@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.data.order.global_order import Slot
+from ray_ddp.data.order.global_order import Slot, micro_batch_count
 from ray_ddp.data.ray_data.decode import split_items, split_size, unreadable_actor
 
 if TYPE_CHECKING:
@@ -52,13 +52,10 @@ class StreamPlan:
 
 
 def expected_steps(size: int, world_size: int, batch_size: int, per_rank: int) -> int:
-    """Optimizer steps of an epoch of ``size`` rows cut into equal shares, batches of
-    ``batch_size`` (a last batch of one row joins the one before), ``per_rank`` a step."""
-    rows = size // world_size
-    batches = -(-rows // batch_size)
-    if batches > 1 and rows % batch_size == 1:
-        batches -= 1
-    return -(-batches // per_rank)
+    """Optimizer steps of an epoch of ``size`` rows cut into equal shares, each into
+    micro-batches by the in-memory order's rule (``global_order.micro_batch_count``: a last
+    one of a single row joins the one before), ``per_rank`` a step."""
+    return -(-micro_batch_count(size // world_size, batch_size) // per_rank)
 
 
 class _Slots:
@@ -122,8 +119,9 @@ class StreamOrder:
         return rows
 
     def _batches(self) -> Iterator[tuple]:
-        """This rank's batches of the epoch; a last batch of one row joins the one before
-        (BatchNorm cannot train on one)."""
+        """This rank's batches of the epoch, as many as ``global_order.micro_batch_count``
+        makes of the rows delivered (Ray Data's are full but the last: a last one of a
+        single row joins the one before)."""
         import torch
 
         if self.take_bad is not None:
@@ -136,11 +134,13 @@ class StreamOrder:
             pin_memory=self.pin_memory,
         )
         held: list[tuple] = []
+        rows = batches = 0
         for item in stream:
             held.append((item["input"], item["label"]))
+            rows, batches = rows + len(item["label"]), batches + 1
             if len(held) == 3:
                 yield held.pop(0)
-        if len(held) == 2 and len(held[1][1]) == 1:
+        if len(held) == 2 and batches > micro_batch_count(rows, self.batch_size):
             (x1, y1), (x2, y2) = held
             held = [(torch.cat([x1, x2]), torch.cat([y1, y2]))]
         yield from held
