@@ -210,7 +210,9 @@ class Optimisation:
     """One seed for initial weights (identical on every rank), data order and the built-in
     dataset."""
     max_steps: int | None = option(None, bound=POSITIVE, resume_safe=True)
-    """Stop after this many optimizer steps in total (smoke tests, benchmarks)."""
+    """Stop after this many optimizer steps in total, with a checkpoint there (smoke tests,
+    benchmarks). It stops the run and does not reshape it: the LR schedule still spans
+    --epochs, so a re-run without it continues as if the run had never stopped."""
 
 
 @dataclass

@@ -79,10 +79,12 @@ def build_train_state(
     cfg: TrainConfig, worker: Worker, task: Task, model: torch.nn.Module, data: WorkerData
 ) -> TrainState:
     """Optimizer (over the task's parameter groups), warm-up + cosine schedule over the
-    run's optimizer steps, GradScaler."""
+    run's optimizer steps, GradScaler.
+
+    The schedule spans ``--epochs`` whatever ``--max-steps`` says: that flag stops a run
+    and does not reshape it, so a run stopped by it and re-run without it is the run that
+    was never stopped."""
     total_steps = data.steps_per_epoch * cfg.epochs
-    if cfg.max_steps:
-        total_steps = min(total_steps, cfg.max_steps)
     optimizer = build_optimizer(cfg, task.param_groups(unwrap(model), cfg))
     return TrainState(
         model=model,
