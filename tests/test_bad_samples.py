@@ -263,6 +263,19 @@ def test_settle_appends_every_epoch_and_stops_over_the_cap(tmp_path):
     assert message_of(relayed) == line and message_of(RuntimeError("other")) is None
 
 
+def test_rewinding_bad_samples_csv_keeps_its_first_rows_whole(tmp_path):
+    from ray_ddp.data.unreadable import append_rows, rewind_rows
+
+    run = str(tmp_path / "run")
+    assert rewind_rows(run, 0) == (0, 0)  # no file yet
+    odd = BadSample(3, "/data/a, b\nc.png", "OSError: truncated")  # a comma, a line break
+    append_rows(run, 1, [("train", 0, odd), ("train", 1, _record(4)), ("val", 0, _record(5))])
+    assert rewind_rows(run, None) == (3, 0) and rewind_rows(run, 5) == (3, 0)
+    assert rewind_rows(run, 1) == (1, 2)
+    assert [(r["sample"], r["error"]) for r in read_rows(run)] == [(odd.name, odd.error)]
+    assert rewind_rows(run, 0) == (0, 1) and read_rows(run) == []
+
+
 def test_the_epoch_line_says_how_many_were_skipped():
     from ray_ddp.io.reporting import epoch_line
 
@@ -548,3 +561,40 @@ def test_garbage_bytes_in_a_parquet_row_are_skipped_and_named(ray_session, stora
     assert [(r["split"], r["sample"]) for r in rows] == [("train", train_bad), ("val", val_bad)]
     assert train_bad.endswith("train/part-1.parquet row 1")
     assert all(r["error"] == "UnidentifiedImageError: cannot identify image file" for r in rows)
+
+
+@pytest.mark.ray
+def test_an_epoch_split_by_a_resume_keeps_its_count_its_cap_and_its_csv_rows(
+    ray_session, storage, tmp_path, capsys
+):
+    """Stopped by --max-steps after 2 of the epoch's 4 unreadable samples and re-run: the
+    resumed epoch goes on counting from 2 (the cap of 3 is passed at the 4th, where a count
+    restarted at 0 would end the epoch at 2 under the cap), and bad_samples.csv is put back
+    to the rows the checkpoint saw written: a row left by a checkpoint that never registered
+    is not named twice (issue 27)."""
+    from ray_ddp.data.order.global_order import EpochPlan
+
+    order = EpochPlan(16, 4, 8, 0, 0).order()  # 16 rows, 2 workers x 4: 2 steps an epoch
+    bad = (*order[1:3], *order[9:11])  # 2 in step 1, 2 in step 2
+    root = str(tmp_path / "data")
+    names = dict(zip(sorted(bad), _write_parquet(root, bad_train=bad, bad_val=()), strict=True))
+    argv = [
+        "--dataset", "parquet", "--parquet-read", "memory", "--data-dir", root,
+        "--image-size", "16", "--batch-size", "4", "--epochs", "1", "--num-workers", "2",
+        "--max-bad-samples", "3", "--storage-path", storage, "--name", "split",
+        "--no-export", "--no-tensorboard",
+    ]  # fmt: skip
+    assert train_main([*argv, "--max-steps", "1"]) == 0
+    run_dir = os.path.join(storage, "split")
+    first = [r["sample"] for r in read_rows(run_dir)]
+    assert sorted(first) == sorted(names[i] for i in bad[:2])
+    with open(os.path.join(run_dir, "bad_samples.csv"), "a") as f:  # as a crash would leave it
+        f.write(f"1,train,0,{names[bad[2]]},OSError: written for a lost checkpoint\n")
+    capsys.readouterr()
+    assert train_main(argv) == 1
+    failed = [ln for ln in capsys.readouterr().err.splitlines() if "training failed" in ln]
+    # Both of step 2's are rank 0's (micro-batch 0 of the step): it stops at once, over the
+    # cap with the 2 gathered before the stop.
+    stop = "rank 0 met 2 unreadable samples in epoch 1 after 2 gathered from all ranks, over "
+    assert len(failed) == 1 and f"{stop}--max-bad-samples 3" in failed[0], failed
+    assert [r["sample"] for r in read_rows(run_dir)] == first  # the lost checkpoint's row gone

@@ -332,6 +332,7 @@ TRAIN_FLAGS = {
     "--parquet-read", "--shuffle-buffer", "--data-engine", "--max-bad-samples",
     "--compile",  # issue 18: torch.compile in the training path
     "--hang-timeout", "--hang-grace",  # issue 16: the hang watchdog
+    "--restart-epoch",  # issue 27: an epoch whose order changed under a resume
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
@@ -347,7 +348,8 @@ EVALUATE_FLAGS = {
 
 def test_every_flag_keeps_its_name():
     assert _options(train_parser()) == TRAIN_FLAGS
-    not_swept = {"--lr", "--allow-config-change", "--checkpoint-every", "--resize-check-s"}
+    not_swept = {"--lr", "--allow-config-change", "--checkpoint-every", "--resize-check-s",
+                 "--restart-epoch"}  # fmt: skip
     assert _options(tune_parser()) == (TRAIN_FLAGS - not_swept) | SWEEP_FLAGS
     assert _options(evaluate_parser()) == EVALUATE_FLAGS
 

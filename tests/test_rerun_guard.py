@@ -42,7 +42,7 @@ def test_rerun_may_extend_and_relocate_but_not_change_training(tmp_path):
 HAND_WRITTEN = {
     "epochs", "max_steps", "address", "use_gpu", "cpus_per_worker", "placement_strategy",
     "max_failures", "download", "loader_workers", "pin_memory", "storage_path", "name",
-    "resume_from", "keep_checkpoints", "checkpoint_every", "summary_json",
+    "resume_from", "restart_epoch", "keep_checkpoints", "checkpoint_every", "summary_json",
     "progress_interval_s", "tensorboard", "log_every_steps", "log_all_ranks", "export",
     "comm_stats", "allow_config_change", "log_prefix",
     # Added since: how long to wait for an autoscaling cluster changes nothing trained.

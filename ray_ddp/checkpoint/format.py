@@ -31,6 +31,12 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used, with the reason."""
 
 
+class ResumeRefusedError(CheckpointError):
+    """A checkpoint that cannot be continued as it is on today's data or flags (a position
+    inside an epoch whose order changed): a restart would meet it again, so the run stops
+    (not retried), with the line that says what to do."""
+
+
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside its wrappers (DDP's, DataParallel-like ones, torch.compile's), so
     its ``state_dict`` has no ``module.`` or ``_orig_mod.`` prefixes."""

@@ -323,6 +323,11 @@ class Checkpointing:
     (model, data, batch, optimizer, ...); refused otherwise."""
     resume_from: str | None = option(None, resume_safe=True)
     """Start from this checkpoint directory (weights, optimizer, schedule, progress)."""
+    restart_epoch: bool = option(False, resume_safe=True, sweep=False)
+    """A checkpoint inside an epoch whose order no longer names the same samples (the
+    training files changed; or, for streamed Parquet, --batch-size, the global batch or
+    --shuffle-buffer did) is refused; this starts that epoch over instead, undoing its
+    steps."""
     keep_checkpoints: int = option(2, bound=POSITIVE, resume_safe=True)
     """How many of the best checkpoints (by validation accuracy) to keep; the latest is
     always kept as well."""

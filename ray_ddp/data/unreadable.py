@@ -265,6 +265,20 @@ def append_rows(run_dir: str, epoch: int, rows: Sequence[tuple[str, int, BadSamp
     write_bytes(path, (text + out.getvalue()).encode())
 
 
+def rewind_rows(run_dir: str, keep: int | None) -> tuple[int, int]:
+    """Keep the first ``keep`` rows of the run's ``bad_samples.csv`` (all if None): the
+    rows a resumed checkpoint had seen written. Returns (rows kept, rows dropped)."""
+    path = join(run_dir, BAD_SAMPLES_CSV)
+    text = read_text(path)
+    rows = list(csv.reader(io.StringIO(text)))[1:] if text else []
+    if keep is None or keep >= len(rows):
+        return len(rows), 0
+    out = io.StringIO()
+    csv.writer(out, lineterminator="\n").writerows([list(CSV_HEADER), *rows[:keep]])
+    write_bytes(path, out.getvalue().encode())
+    return keep, len(rows) - keep
+
+
 def read_rows(run_dir: str) -> list[dict[str, str]]:
     """The rows of a run's ``bad_samples.csv`` (empty if it has none)."""
     text = read_text(join(run_dir, BAD_SAMPLES_CSV))

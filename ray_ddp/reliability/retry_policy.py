@@ -7,6 +7,8 @@ stopped at once, whatever ``--max-failures`` allows:
 - a non-finite loss: the same data and weights diverge again;
 - more unreadable samples than ``--max-bad-samples`` (``ray_ddp.data.unreadable``): the same
   files are unreadable again;
+- a checkpoint whose position inside an epoch cannot be continued on today's data or flags
+  (``ResumeRefusedError``): the restart would restore the same checkpoint;
 - the same error at the same optimizer step as an earlier attempt (a sample that cannot
   be decoded, a bug): it is deterministic, and with ``--max-failures -1`` it would be
   retried forever. The worker loop notes the step on every error it raises. A hang (the
@@ -18,10 +20,10 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ray_ddp.checkpoint.format import ResumeRefusedError
 from ray_ddp.data.unreadable import BadSamplesError
-from ray_ddp.data.unreadable import message_of as bad_samples_message
 from ray_ddp.reliability.hangs.report import latest_hang
-from ray_ddp.reliability.loss_guard import NonFiniteLossError, nonfinite_message
+from ray_ddp.reliability.loss_guard import NonFiniteLossError
 
 STEP_NOTE = "ray_ddp: raised at optimizer step"
 
@@ -78,11 +80,25 @@ def failure_signature(error: BaseException) -> str:
     return "\n".join([f"{type(error).__name__}: {error}", *notes])
 
 
+FINAL: tuple[type[Exception], ...] = (NonFiniteLossError, BadSamplesError, ResumeRefusedError)
+"""The errors a restart would meet again: the run stops with the first of them."""
+
+
+def final_message(error: BaseException, kind: type[Exception]) -> str | None:
+    """``error``'s message if it is a ``kind``, or relays one (Ray may hand over a worker's
+    error as its traceback's text)."""
+    if isinstance(error, kind):
+        return str(error)
+    marker = f"{kind.__name__}: "
+    for line in str(error).splitlines():
+        if marker in line:
+            return line.split(marker, 1)[1]
+    return None
+
+
 def nonfinite_loss(error: BaseException) -> str | None:
     """The message of a non-finite loss error, as the exception itself or relayed."""
-    if isinstance(error, NonFiniteLossError):
-        return str(error)
-    return nonfinite_message(error)
+    return final_message(error, NonFiniteLossError)
 
 
 def stop_hopeless_retries(run_dir: str | None = None):
@@ -99,12 +115,10 @@ def stop_hopeless_retries(run_dir: str | None = None):
         def after_exception(self, run_context, worker_exceptions) -> None:
             print(failure_line(worker_exceptions), flush=True)
             for error in worker_exceptions.values():
-                message = nonfinite_loss(error)
-                if message:
-                    raise NonFiniteLossError(message)
-                message = bad_samples_message(error)
-                if message:
-                    raise BadSamplesError(message)
+                for kind in FINAL:
+                    message = final_message(error, kind)
+                    if message:
+                        raise kind(message)
             signatures = {failure_signature(e) for e in worker_exceptions.values()}
             hang = latest_hang(run_dir) if run_dir else None
             if hang is not None and hang[0] not in self.hangs:  # this attempt's, not older

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader
 from ray_ddp.config import TrainConfig
 from ray_ddp.config.batch import accumulation
 from ray_ddp.data.loaders import make_loaders
+from ray_ddp.data.order.continuation import order_record, split_fingerprint
 from ray_ddp.data.order.global_order import GlobalOrderBatches
 from ray_ddp.task import Task
 from ray_ddp.testing import harness as rig
@@ -37,6 +38,9 @@ class WorkerData:
     """Optimizer steps per epoch: the same at every world size (the last may be short)."""
     accumulation: int
     """Micro-batches each worker accumulates per optimizer step at this world size."""
+    order_record: dict[str, Any] | None = None
+    """What decides the training split's epoch order (``data.order.continuation``); None
+    for a Ray Data stream (a resume restarts its epoch)."""
 
 
 def build_worker_data(
@@ -60,6 +64,7 @@ def build_worker_data(
             if is_distributed():
                 torch.distributed.barrier()
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
+    fingerprint = split_fingerprint(train_ds)
     train_ds = rig.hang_loader(harness, cfg.run_dir, train_ds)
     train_loader, train_order, val_loader = make_loaders(
         cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
@@ -72,6 +77,7 @@ def build_worker_data(
         val_size=len(val_ds),  # type: ignore[arg-type]
         steps_per_epoch=train_order.plan.steps,  # the order is at the epoch's start here
         accumulation=accumulation(cfg.global_batch_size, cfg.batch_size, worker.world_size),
+        order_record=order_record(train_order.plan, fingerprint),
     )
 
 

@@ -9,9 +9,15 @@ from typing import Any
 
 import ray.train
 
-from ray_ddp.checkpoint.format import CheckpointError, load_checkpoint_state, load_state
+from ray_ddp.checkpoint.format import (
+    CheckpointError,
+    ResumeRefusedError,
+    load_checkpoint_state,
+    load_state,
+)
 from ray_ddp.config import TrainConfig
 from ray_ddp.config.batch import accumulation, saved_global_batch
+from ray_ddp.data.order.continuation import order_change
 from ray_ddp.io.storage import list_checkpoints
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
@@ -24,6 +30,8 @@ class Restored:
     """What ``checkpoint.load_state`` read."""
     source: str
     """Where from, for messages."""
+    own: bool = False
+    """One of this run's own checkpoints (not ``--resume-from``'s)."""
 
 
 def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | None:
@@ -39,7 +47,7 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
         return Restored(load_checkpoint_state(resume_from), resume_from)
     fs = checkpoint.filesystem  # local or s3/gs alike
     try:
-        return Restored(_read(checkpoint), _shown(fs, checkpoint.path))
+        return Restored(_read(checkpoint), _shown(fs, checkpoint.path), own=True)
     except CheckpointError as exc:
         worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
     latest = checkpoint.path.rstrip("/")
@@ -52,7 +60,7 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
             worker.log(f"warning: {_shown(fs, path)} is unusable too ({exc})")
             continue
         worker.log(f"warning: resuming from the older checkpoint {_shown(fs, path)}")
-        return Restored(state, _shown(fs, path))
+        return Restored(state, _shown(fs, path), own=True)
     raise CheckpointError(
         f"no usable checkpoint in {_shown(fs, run_dir)}; move the run aside or use a new --name"
     )
@@ -188,12 +196,45 @@ def _restore_scaler(saved: dict[str, Any], state: TrainState) -> list[str]:
     return ["fp16 starts from the initial loss scale (the checkpoint was not fp16)"]
 
 
-def restart_epoch(
-    state: TrainState, worker: Worker, steps_per_epoch: int, sums: EpochSums
+def continue_epoch(
+    restored: Restored | None,
+    state: TrainState,
+    worker: Worker,
+    cfg: TrainConfig,
+    record: dict[str, Any] | None,
+    steps_per_epoch: int,
+    sums: EpochSums,
 ) -> EpochSums:
-    """``--data-engine ray``, after a restore: a position inside an epoch (a ``--max-steps``
-    stop) becomes the epoch's start (Ray Data's stream cannot start mid-epoch), and its
-    steps and sums are undone. Returns the sums to continue with."""
+    """After a restore inside an epoch: continue it only on the order its position was
+    counted in (``data.order.continuation``); where the data or the order's flags changed,
+    refuse in one line, or start the epoch over with ``--restart-epoch``. ``record``: this
+    run's order (None: a Ray Data stream, whose epoch always restarts). Returns the sums
+    to continue with."""
+    progress = state.progress
+    saved, progress.order = progress.order, record
+    if record is None:
+        why = "a Ray Data stream cannot resume inside an epoch"
+        return restart_epoch(state, worker, steps_per_epoch, sums, why)
+    if restored is None or not progress.sample or saved is None:  # None: an older checkpoint
+        return sums
+    change = order_change(saved, record)
+    if change is None:
+        return sums
+    if cfg.restart_epoch:
+        return restart_epoch(state, worker, steps_per_epoch, sums, f"--restart-epoch: {change}")
+    raise ResumeRefusedError(
+        f"{restored.source} stopped {progress.sample} samples into epoch {progress.epoch + 1}, "
+        f"a position in an order that no longer names the same samples: {change}. Put the "
+        f"data and flags back to finish the epoch, or re-run with --restart-epoch to start "
+        f"epoch {progress.epoch + 1} over"
+    )
+
+
+def restart_epoch(
+    state: TrainState, worker: Worker, steps_per_epoch: int, sums: EpochSums, why: str
+) -> EpochSums:
+    """A position inside an epoch becomes the epoch's start, and its steps and sums are
+    undone (``why``: for the line). Returns the sums to continue with."""
     progress = state.progress
     if not progress.sample:
         return sums
@@ -201,8 +242,7 @@ def restart_epoch(
     progress.step = progress.epoch * steps_per_epoch
     set_schedule_step(state.scheduler, progress.step)
     worker.log(
-        f"--data-engine ray: epoch {progress.epoch + 1} restarts from its first sample (a "
-        f"Ray Data stream cannot resume inside an epoch); the LR schedule goes back to "
-        f"step {progress.step}"
+        f"epoch {progress.epoch + 1} restarts from its first sample ({why}); the LR schedule "
+        f"goes back to step {progress.step}"
     )
-    return EpochSums()  # no sample ledger with this engine (the driver refuses one)
+    return EpochSums(ledger=None if sums.ledger is None else [])

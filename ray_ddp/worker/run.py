@@ -52,7 +52,7 @@ from ray_ddp.worker.results import (
     log_epoch,
     write_ledger,
 )
-from ray_ddp.worker.resume import find_restore_point, restart_epoch, restore_training
+from ray_ddp.worker.resume import continue_epoch, find_restore_point, restore_training
 from ray_ddp.worker.start import (
     announce,
     build_train_state,
@@ -64,7 +64,7 @@ from ray_ddp.worker.start import (
 )
 from ray_ddp.worker.step import EpochPosition, Limits, StepCore, train_segment
 from ray_ddp.worker.timing import StepTimer
-from ray_ddp.worker.unreadable import EpochSkips, settle
+from ray_ddp.worker.unreadable import EpochSkips, rewind, settle
 
 
 class WorkerRun:
@@ -122,8 +122,12 @@ class WorkerRun:
         self.state = state = build_train_state(cfg, worker, self.task, model, self.data)
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
-        if cfg.data_engine == "ray":  # a Ray Data stream restarts an epoch it was inside
-            self.partial = restart_epoch(state, worker, steps, self.partial)
+        if worker.is_main:  # bad_samples.csv as the checkpoint left it
+            state.progress.bad_sample_rows = rewind(cfg.run_dir, restored, worker.log)
+        # Inside an epoch: only on the order its position counts in (a Ray Data stream's
+        # epoch restarts).
+        self.partial = continue_epoch(restored, state, worker, cfg, self.data.order_record,
+                                      steps, self.partial)  # fmt: skip
         self.counter = attach_counter(model) if cfg.comm_stats and is_distributed() else None
         self.core = StepCore(state, self.task, cfg.amp, worker.device, cfg.seed, cfg.grad_clip,
                              channels_last, worker.rank)  # fmt: skip
@@ -184,7 +188,9 @@ class WorkerRun:
     def run_epoch(self, epoch: int) -> None:
         """Train the epoch, validate, then end it (checkpoint, report, log)."""
         self.timing.new_epoch()
-        self.skips.log = SkipLog(self.cfg.max_bad_samples, self.worker.rank, epoch)
+        progress = self.state.progress  # inside the epoch: its count so far goes on
+        so_far = progress.bad_samples if progress.sample else 0
+        self.skips.log = SkipLog(self.cfg.max_bad_samples, self.worker.rank, epoch, total=so_far)
         before = (self.state.progress.step, self.counter.syncs if self.counter else 0)
         trained = self.train_epoch()
         self.skips.log.rows += self.data.train_order.take_unreadable()  # Ray Data's (rank 0)
@@ -228,7 +234,10 @@ class WorkerRun:
         """A ``--checkpoint-every`` checkpoint: the epoch's unreadable samples so far named
         first (before a crash can lose them), no validation."""
         self.watchdog.doing("checkpoint inside the epoch", slow=True)
-        settle(self.cfg.run_dir, self.skips.log, self.worker.is_main)
+        skips = settle(self.cfg.run_dir, self.skips.log, self.worker.is_main)
+        progress = self.state.progress
+        progress.bad_samples = skips.train  # the epoch's so far, carried in the checkpoint
+        progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
         write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
                                    sums, score, self.harness)  # fmt: skip
@@ -262,6 +271,8 @@ class WorkerRun:
         progress.epoch, progress.sample = (
             (epoch + 1, 0) if finished else (epoch, trained.end_sample)
         )
+        progress.bad_samples = 0 if finished else skips.train
+        progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         if finished and self.harness.sample_ledger:
             write_ledger(cfg, self.worker, epoch, trained.ledger)
         metrics = epoch_metrics(self.task, self.state, trained, evaluated, epoch + 1)

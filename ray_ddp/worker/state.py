@@ -21,6 +21,15 @@ class TrainProgress:
     """Optimizer steps taken."""
     best_score: float | None = None
     """The best ``val_<best_metric>`` so far (None before the first validation)."""
+    order: dict | None = None
+    """What decides the epoch order ``sample`` counts in (``data.order.continuation``):
+    a resume inside an epoch continues only on the same order."""
+    bad_samples: int = 0
+    """Unreadable training samples of the epoch before ``sample`` (all ranks): a resumed
+    epoch's count, and its ``--max-bad-samples`` cap, go on from there."""
+    bad_sample_rows: int | None = None
+    """Rows of the run's ``bad_samples.csv`` when this was saved (rank 0's): a resume drops
+    the rows written after it, whose samples are read again. None: not known."""
 
     @classmethod
     def from_saved(cls, saved: dict) -> TrainProgress:

@@ -5,8 +5,9 @@ and records them on each rank)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ray_ddp.data.unreadable import (
     BAD_SAMPLES_CSV,
@@ -16,6 +17,7 @@ from ray_ddp.data.unreadable import (
     SkipLog,
     append_rows,
     count_text,
+    rewind_rows,
     stop_line,
 )
 from ray_ddp.io.storage import join
@@ -28,6 +30,8 @@ class EpochSkips:
 
     train: int
     val: int
+    written: int = 0
+    """Rows rank 0 appended to ``bad_samples.csv`` in this call (0 on the other ranks)."""
 
     @property
     def total(self) -> int:
@@ -52,10 +56,27 @@ def settle(
     rows = [("train", r, b) for r, b in new] + [("val", r, b) for r, b in val]
     if is_main and rows:
         append_rows(run_dir, log.epoch + 1, rows)
-    counts = EpochSkips(log.total, len(val))
+    counts = EpochSkips(log.total, len(val), len(rows) if is_main else 0)
     if log.cap is not None and counts.total > log.cap:
         named = (log.first + list(val))[:SHOWN]
         head = f"{count_text(counts.total)} in epoch {log.epoch + 1}"
         where = join(run_dir, BAD_SAMPLES_CSV)
         raise BadSamplesError(stop_line(head, log.cap, named, counts.total, csv=where))
     return counts
+
+
+def rewind(run_dir: str, restored: Any, log: Callable[[str], None]) -> int:
+    """Rank 0, as an attempt starts: ``bad_samples.csv`` back to the rows written when its
+    restore point was saved (the rows after it name samples the attempt reads again, and
+    would name twice); no rows before this run's first checkpoint. Returns the rows kept.
+    (``restored``: ``resume.Restored`` or None.)"""
+    keep: int | None = 0
+    if restored is not None and restored.own:
+        keep = restored.state["progress"].get("bad_sample_rows")  # None: an older checkpoint
+    kept, dropped = rewind_rows(run_dir, keep)
+    if dropped:
+        log(
+            f"{join(run_dir, BAD_SAMPLES_CSV)}: {dropped} rows written after the restore point "
+            "dropped (their samples are read again)"
+        )
+    return kept
