@@ -101,7 +101,7 @@ def _autoscaling_cluster_class():
             from ray.cluster_utils import Cluster
 
             port = _free_port()
-            ip = ray._private.services.get_node_ip_address()
+            ip = ray.util.get_node_ip_address()
             # The fake provider starts nodes against this GCS (else it assumes port 6379).
             self._config["provider"]["gcs_address"] = f"{ip}:{port}"
             path = os.path.join(tmp_dir, "autoscaling.json")
@@ -130,11 +130,12 @@ def _autoscaling_cluster_class():
 
         def shutdown(self) -> None:
             import psutil  # after ray: Ray ships it
-            from ray._private import ray_constants
 
-            monitor = self.head.head_node.all_processes[ray_constants.PROCESS_TYPE_MONITOR][0]
+            from ray_ddp.compat.cluster_state import monitor_pid
+
+            pid = monitor_pid(self.address)
             try:  # the nodes the autoscaler started are the monitor's children
-                launched = psutil.Process(monitor.process.pid).children(recursive=True)
+                launched = psutil.Process(pid).children(recursive=True) if pid else []
             except psutil.NoSuchProcess:
                 launched = []
             self.head.shutdown()
@@ -195,12 +196,12 @@ def _nodes_of_type(resource: str) -> int:
 def _standing_request(within_s: float = 10.0) -> list:
     """The autoscaler's standing request for nodes as its latest status reports it, once
     it is empty (or as it is after ``within_s``: the status is written every second)."""
-    from ray._private import ray_constants
-    from ray.experimental.internal_kv import _internal_kv_get
+    from ray_ddp.compat.cluster_state import autoscaler_status
 
     deadline = time.monotonic() + within_s
     while True:
-        status = json.loads(_internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS))
+        status = autoscaler_status()
+        assert status is not None, "the autoscaler has not reported yet"
         demand = status["load_metrics_report"]["request_demand"]
         if not demand or time.monotonic() > deadline:
             return demand

@@ -184,6 +184,10 @@ OTHERS: tuple[Private, ...] = (
             "and withdraws them when its wait ends"),
     Private(f"{_TRAIN}.execution.context", "__file__", None,
             "the name of the logger of Ray Train's per-report lines"),
+    Private("ray._private.ray_constants", "DEBUG_AUTOSCALING_STATUS", None,
+            "the key of the autoscaler's status report (tests read its standing request)"),
+    Private("ray.experimental.internal_kv", "_internal_kv_get", None,
+            "reads that report from the GCS's key-value store"),
 )  # fmt: skip
 """The rest (``cluster_state``, ``autoscaler``, ``train_logging``): each falls back where
 the installed Ray lacks it."""

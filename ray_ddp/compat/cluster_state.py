@@ -54,10 +54,23 @@ def monitor_config_path(gcs_address: str) -> str | None:
     anywhere else. Matched by the GCS port only: the driver may know the head by another
     name (127.0.0.1, its IP) than the monitor does, and two clusters on one machine cannot
     share a port."""
+    found = _monitor(gcs_address)
+    config = found[1].get("--autoscaling-config") if found else None
+    return os.path.expanduser(config) if config else None
+
+
+def monitor_pid(gcs_address: str) -> int | None:
+    """The process id of the autoscaler's monitor of the cluster at ``gcs_address``, if it
+    runs on this machine (the nodes a fake autoscaler starts are its children)."""
+    found = _monitor(gcs_address)
+    return found[0] if found else None
+
+
+def _monitor(gcs_address: str) -> tuple[int, dict[str, str]] | None:
+    """(pid, ``--flag=value`` arguments) of the monitor process at ``gcs_address``'s port."""
     import ray  # noqa: F401 - puts the psutil it ships (ray/thirdparty_files) on the path
 
     psutil = importlib.import_module("psutil")
-
     port = gcs_address.rsplit(":", 1)[-1]
     for process in psutil.process_iter(["cmdline"]):
         cmdline = process.info.get("cmdline") or []
@@ -66,7 +79,19 @@ def monitor_config_path(gcs_address: str) -> str | None:
         flags = dict(
             part.split("=", 1) for part in cmdline if part.startswith("--") and "=" in part
         )
-        config = flags.get("--autoscaling-config")
-        if config and flags.get("--gcs-address", "").rsplit(":", 1)[-1] == port:
-            return os.path.expanduser(config)
+        if flags.get("--gcs-address", "").rsplit(":", 1)[-1] == port:
+            return process.pid, flags
     return None
+
+
+def autoscaler_status() -> dict[str, Any] | None:
+    """The autoscaler's latest status report (written every update, with its standing
+    request for nodes under ``load_metrics_report.request_demand``), or None before the
+    first. Ray publishes it in the GCS's key-value store under a private key."""
+    import json
+
+    from ray._private import ray_constants
+    from ray.experimental.internal_kv import _internal_kv_get
+
+    status = _internal_kv_get(ray_constants.DEBUG_AUTOSCALING_STATUS)
+    return json.loads(status) if status else None
