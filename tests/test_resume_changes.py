@@ -2,8 +2,9 @@
 inside an epoch is continued only on the order it was counted in.
 
 The first tests need no Ray (the rule, on real Parquet layouts); the last trains for real
-on 2 Ray workers: a split that grew while the run was stopped inside an epoch is refused
-in one line, not retried, and ``--restart-epoch`` starts the epoch over on the new split."""
+on 2 Ray workers: a streamed split re-run inside an epoch with another batch, or after it
+grew, is refused in one line, not retried, and ``--restart-epoch`` starts the epoch over
+on the new split."""
 
 from __future__ import annotations
 
@@ -75,33 +76,42 @@ def test_a_splits_fingerprint_follows_its_files_and_row_groups(tmp_path):
 
 
 @pytest.mark.ray
-def test_a_split_that_grew_under_a_mid_epoch_stop_is_refused_then_restarted(
+def test_a_mid_epoch_position_on_changed_data_or_cut_is_refused_then_restarted(
     ray_session, storage, tmp_path, capsys
 ):
+    """A streamed split stopped 8 samples into epoch 1, then re-run: with another per-worker
+    batch (the streamed order is cut by it), and with a shard added (16 -> 20 rows), each
+    refused in one line and not retried; then --restart-epoch trains the new split once."""
     root = str(tmp_path / "data")
     _write(os.path.join(root, "train"), 0, 16)
     _write(os.path.join(root, "val"), 0, 8, seed=9)
     argv = [
-        "--dataset", "parquet", "--parquet-read", "memory", "--data-dir", root,
+        "--dataset", "parquet", "--parquet-read", "stream", "--data-dir", root,
         "--image-size", "16", "--batch-size", "4", "--epochs", "1", "--num-workers", "2",
         "--max-failures", "2", "--storage-path", storage, "--name", "grew", "--no-export",
         "--no-tensorboard",
     ]  # fmt: skip
     assert train_main([*argv, "--max-steps", "1"]) == 0  # stopped 8 samples into epoch 1
-    _write(os.path.join(root, "train"), 1, 4)  # a new shard: 16 -> 20 rows
-    capsys.readouterr()
-    assert train_main(argv) == 1
-    failed = [ln for ln in capsys.readouterr().err.splitlines() if "training failed" in ln]
-    assert len(failed) == 1, failed
-    assert (
-        "stopped 8 samples into epoch 1, a position in an order that no longer names the same "
-        "samples: the training split has 20 samples, the checkpoint's had 16" in failed[0]
-    ), failed
-    assert "--restart-epoch" in failed[0]
-    # Not retried: the stopped run was attempt 1, the refused re-run attempt 2, and no 3.
-    assert last_attempt(os.path.join(storage, "grew"))["attempt"] == "2"
+    stopped = "stopped 8 samples into epoch 1, a position in an order that no longer names the "
 
-    assert train_main([*argv, "--restart-epoch", "--summary-json", str(tmp_path / "s.json")]) == 0
+    def refused(more: list[str]) -> str:
+        capsys.readouterr()
+        assert train_main([*argv, *more]) == 1
+        failed = [ln for ln in capsys.readouterr().err.splitlines() if "training failed" in ln]
+        assert len(failed) == 1 and stopped in failed[0] and "--restart-epoch" in failed[0]
+        return failed[0]
+
+    line = refused(["--allow-config-change", "--batch-size", "2"])
+    assert "same samples: a streamed order is cut by the per-worker batch, the global " in line
+    _write(os.path.join(root, "train"), 1, 4)  # a new shard: 16 -> 20 rows
+    # The refused run recorded --batch-size 2 as the run's config: back to 4 needs the flag.
+    line = refused(["--allow-config-change"])
+    assert "same samples: the training split has 20 samples, the checkpoint's had 16" in line
+    # Not retried: the stopped run was attempt 1, the refused re-runs 2 and 3, and no more.
+    assert last_attempt(os.path.join(storage, "grew"))["attempt"] == "3"
+
+    summary_json = ["--summary-json", str(tmp_path / "s.json")]
+    assert train_main([*argv, "--allow-config-change", "--restart-epoch", *summary_json]) == 0
     out = capsys.readouterr().out
     assert "epoch 1 restarts from its first sample (--restart-epoch: the training split" in out
     with open(tmp_path / "s.json") as f:
