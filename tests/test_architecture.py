@@ -130,7 +130,11 @@ def _flags(parser) -> list[str]:
 
 
 # Flags added since d86bdea, by job (none removed or renamed).
-ADDED_SINCE_D86BDEA = {"evaluate": ["--max-bad-samples"], "train": ["--restart-epoch"]}  # issue 27
+ADDED_SINCE_D86BDEA = {
+    "evaluate": ["--max-bad-samples"],  # issue 27
+    "train": ["--restart-epoch", "--checkpoint-mode", "--preemption-check-steps"],  # 27, 28
+    "tune": ["--checkpoint-mode", "--preemption-check-steps"],  # issue 28
+}
 
 
 def test_the_jobs_flags_are_those_before_the_redesign():

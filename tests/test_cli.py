@@ -333,6 +333,7 @@ TRAIN_FLAGS = {
     "--compile",  # issue 18: torch.compile in the training path
     "--hang-timeout", "--hang-grace",  # issue 16: the hang watchdog
     "--restart-epoch",  # issue 27: an epoch whose order changed under a resume
+    "--checkpoint-mode", "--preemption-check-steps",  # issue 28: async checkpoints, reclaims
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",

@@ -58,6 +58,8 @@ HAND_WRITTEN = {
     # same steps run, not what they compute. (The testing aids listed here until issue 25
     # are no config fields any more: ray_ddp.testing's Harness.)
     "max_bad_samples", "compile",
+    # Issue 28: how checkpoints are written and how often a reclaim is asked about.
+    "checkpoint_mode", "preemption_check_steps",
 }  # fmt: skip
 
 

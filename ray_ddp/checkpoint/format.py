@@ -52,22 +52,20 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 # ------------------------------------------------------------------ save / load
-def save_state(
-    directory: str,
+def state_of(
     state: TrainState,
     *,
     config: dict[str, Any],
     task_meta: dict[str, Any],
     world_size: int,
     epoch_partial: list[EpochSums] | None = None,
-) -> str:
-    """Write ``directory/state.pt`` completely or not at all (temp file, then rename).
+) -> dict[str, Any]:
+    """What ``state.pt`` holds (the live tensors: :func:`snapshot` copies them).
 
     ``epoch_partial`` is every rank's sums of the epoch so far, for a mid-epoch
     checkpoint, so the resumed epoch reports the same training loss (at any world size:
     only their totals matter)."""
     partial = epoch_partial or []
-    os.makedirs(directory, exist_ok=True)
     saved = {
         "format_version": FORMAT_VERSION,
         "model": unwrap(state.model).state_dict(),
@@ -83,10 +81,72 @@ def save_state(
     ledgers = [s.ledger for s in partial if s.ledger is not None]
     if ledgers:  # --sample-ledger, a testing aid
         saved["ledger"] = [list(row) for ledger in ledgers for row in ledger]
+    return saved
+
+
+class Snapshots:
+    """Copies of what a checkpoint holds (:func:`state_of`) that training can no longer
+    change, in host memory it keeps and reuses: one state's size, however many checkpoints
+    a run takes (the caller takes the next only once the previous is written). Tensors on
+    a GPU land in pinned memory through non-blocking copies and one synchronisation."""
+
+    def __init__(self) -> None:
+        self.buffers: list[torch.Tensor] = []
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.buffers)
+
+    def take(self, saved: Any) -> Any:
+        import copy
+
+        count = 0
+
+        def host(value: Any) -> Any:
+            nonlocal count
+            if isinstance(value, torch.Tensor):
+                out = self._buffer(count, value)
+                out.copy_(value.detach(), non_blocking=value.device.type == "cuda")
+                count += 1
+                return out
+            if isinstance(value, dict):
+                return {k: host(v) for k, v in value.items()}
+            if isinstance(value, (list, tuple)):
+                return type(value)(host(v) for v in value)
+            return copy.deepcopy(value)
+
+        copied = host(saved)
+        del self.buffers[count:]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()  # the non-blocking copies have landed
+        return copied
+
+    def _buffer(self, number: int, like: torch.Tensor) -> torch.Tensor:
+        if number < len(self.buffers):
+            kept = self.buffers[number]
+            if kept.shape == like.shape and kept.dtype == like.dtype:
+                return kept
+        pinned = like.device.type == "cuda"
+        fresh = torch.empty(like.shape, dtype=like.dtype, pin_memory=pinned)
+        if number < len(self.buffers):
+            self.buffers[number] = fresh
+        else:
+            self.buffers.append(fresh)
+        return fresh
+
+
+def write_state(directory: str, saved: dict[str, Any]) -> str:
+    """Write ``directory/state.pt`` completely or not at all (temp file, then rename)."""
+    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, STATE_FILE)
     with atomic_path(path) as tmp:
         torch.save(saved, tmp)
     return path
+
+
+def save_state(directory: str, state: TrainState, **fields: Any) -> str:
+    """:func:`write_state` of :func:`state_of` (``fields``: its keywords)."""
+    return write_state(directory, state_of(state, **fields))
 
 
 def load_state(directory: str) -> dict[str, Any]:

@@ -45,6 +45,20 @@ def lean_trainer_ok() -> bool:
     return True
 
 
+def reclaim_watcher_on() -> bool:
+    """Ray Train watches this run's nodes for reclaim notices (its preemption watcher):
+    not where ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=0`` (a local Ray started by
+    ``cluster.connect`` sets it), nor in the lean trainer's local runs (one machine has no
+    spot nodes). Where it is off, the workers need not ask (``worker.preemption``)."""
+    if os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1").lower() in ("0", "false"):
+        return False
+    if lean_trainer_ok():
+        from ray_ddp.compat.lean_trainer import ray_started_here
+
+        return not ray_started_here()
+    return True
+
+
 def torch_trainer_class() -> type[Any]:
     """``LeanTorchTrainer`` or Ray's ``TorchTrainer`` (see :func:`lean_trainer_ok`)."""
     if lean_trainer_ok():

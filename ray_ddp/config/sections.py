@@ -22,6 +22,7 @@ DATA_ENGINES = ("torch", "ray")
 PARQUET_READS = ("stream", "memory")
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
+CHECKPOINT_MODES = ("sync", "async")
 AUGMENT_POLICIES = ("none", "crop", "crop-flip", "autoaugment", "trivialaugment")
 BUILTIN_TASK = "ray_ddp.image_classification:ImageClassification"
 # Flags that configure the built-in image classification only: a task of your own builds
@@ -159,6 +160,12 @@ class Reliability:
     to this many times (-1: without limit). Auto: 0 with a fixed number of workers; -1 for
     an elastic run (``--num-workers MIN-MAX``), whose lost workers are what it is for (a
     failure that repeats itself identically still stops it)."""
+    preemption_check_steps: int = option(10, bound=NON_NEGATIVE, resume_safe=True, metavar="STEPS")
+    """Every this many optimizer steps, ask Ray whether a node of the run is about to be
+    reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step
+    and train on until the node goes; the restart resumes there (counted under Ray's own
+    preemption retries where Ray reports the workers as preempted, else --max-failures).
+    Each ask is a barrier of every worker (a few ms). 0: never ask."""
 
     hang_timeout: float | None = option(
         None, bound=NON_NEGATIVE, resume_safe=True, metavar="SECONDS"
@@ -339,6 +346,12 @@ class Checkpointing:
     elastic group resumes mid-epoch exactly where it stopped, at any number of workers.
     Off by default: every epoch's end is checkpointed anyway. (Not in sweeps: Tune's
     schedulers compare trials at epoch ends only.)"""
+    checkpoint_mode: str = option("sync", choices=CHECKPOINT_MODES, resume_safe=True)
+    """``sync``: every worker waits while rank 0 writes a checkpoint and Ray uploads it.
+    ``async``: training waits only for a copy of the state in host memory (one state's
+    size, reused); Ray's upload thread writes and uploads it and registers it once
+    complete. At most one upload in flight: the next checkpoint waits for it. Needs Ray
+    2.60 (sync otherwise, said once)."""
     export: bool = option(True, resume_safe=True)
     """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
     plain state_dict and a torch.export program."""

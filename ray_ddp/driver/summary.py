@@ -64,6 +64,10 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
         "flops_per_sample": info.get("flops_per_sample"),
         # TFLOP/s (and MFU on GPUs of a known peak) over the run's training time.
         "utilisation": info.get("utilisation", {}),
+        # Rank 0's checkpoints (mode, seconds each blocked training, snapshot bytes) and
+        # the reclaim notices asked for (calls, seconds), of the attempt that finished.
+        "checkpoints": info.get("checkpoints", {}),
+        "preemption_checks": info.get("preemption_checks", {}),
     }
 
 

@@ -35,13 +35,13 @@ def build_trainer(
     )
     from ray.train.torch import TorchConfig
 
-    from ray_ddp.compat.versions import torch_trainer_class
+    from ray_ddp.compat.versions import reclaim_watcher_on, torch_trainer_class
     from ray_ddp.worker.loop import loop_config as train_loop_config
     from ray_ddp.worker.loop import train_loop_per_worker
 
     task = prepared.task
     if loop_config is None:
-        loop_config = train_loop_config(cfg, task, prepared.facts, harness)
+        loop_config = train_loop_config(cfg, task, prepared.facts, harness, reclaim_watcher_on())
     ray_data: dict[str, Any] = {}
     if cfg.data_engine == "ray" and loop is None:  # built when the workers start
         from ray_ddp.cluster.resources import data_task_cpus

@@ -15,6 +15,9 @@ unless it is set; a run without a harness has :data:`NONE`.
   take longer (what the hang watchdog must not mistake for a hang);
 - ``hang_loader_sample``: the DataLoader worker loading one training sample sleeps, once
   per run (a loader that hangs);
+- ``hold_upload_step``: the asynchronous upload of the checkpoint at that optimizer step
+  is held, once per run, writing :func:`upload_marker` (an upload in flight, for as long
+  as the test needs: it kills a worker, or the run's storage is read meanwhile);
 - ``sample_ledger``: rank 0 writes every epoch's trained samples, step by step and from
   every rank, to ``<run>/ledger/epoch-<N>.csv`` (the epoch's part before a mid-epoch
   checkpoint travels in the checkpoint): what the exactness tests compare.
@@ -69,6 +72,8 @@ class Harness:
     hang_loader_sample: int | None = None
     hang_loader_s: float = 3600.0
     sample_ledger: bool = False
+    hold_upload_step: int | None = None
+    hold_upload_s: float = 600.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,6 +149,23 @@ def slow_checkpoint(harness: Harness) -> None:
     """While rank 0 writes a checkpoint: sleep ``slow_checkpoint_s``."""
     if harness.slow_checkpoint_s:
         time.sleep(harness.slow_checkpoint_s)
+
+
+def upload_marker(run_dir: str, step: int) -> str:
+    """The file a held upload writes (``<run>/upload-held-step-<step>``: its step and pid)."""
+    return join(run_dir, f"upload-held-step-{step}")
+
+
+def hold_upload(harness: Harness, run_dir: str, step: int) -> None:
+    """In the upload thread of the checkpoint at optimizer step ``step``, before anything
+    is written: hold it ``hold_upload_s`` where ``hold_upload_step`` asks, once per run."""
+    if harness.hold_upload_step != step:
+        return
+    marker = upload_marker(run_dir, step)
+    if exists(marker):
+        return
+    write_bytes(marker, f"{step} {os.getpid()}\n".encode())
+    time.sleep(harness.hold_upload_s)
 
 
 def loader_marker(run_dir: str) -> str:

@@ -13,12 +13,15 @@ from ray_ddp.worker.run import WorkerRun
 
 
 def loop_config(
-    cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness = rig.NONE
-) -> dict[str, Any]:
+    cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness = rig.NONE,
+    notices: bool = True,
+) -> dict[str, Any]:  # fmt: skip
     """What ``train_loop_per_worker`` gets: the config as plain values, the task object
-    (Ray pickles it to every worker), the facts the driver found about its data, and a
-    test's harness (``ray_ddp.testing``; none outside ray_ddp's tests)."""
-    return {"config": cfg.to_dict(), "task": task, "facts": facts, "harness": harness}
+    (Ray pickles it to every worker), the facts the driver found about its data, a test's
+    harness (``ray_ddp.testing``; none outside ray_ddp's tests), and whether Ray watches
+    the nodes for reclaim notices (``compat.versions.reclaim_watcher_on``)."""
+    return {"config": cfg.to_dict(), "task": task, "facts": facts, "harness": harness,
+            "notices": notices}  # fmt: skip
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:

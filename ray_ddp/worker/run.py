@@ -42,7 +42,12 @@ from ray_ddp.worker.data import build_worker_data
 from ray_ddp.worker.evaluate import EvalResult, evaluate
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.memory_format import use_channels_last
-from ray_ddp.worker.report import checkpoint_and_report, write_mid_epoch_checkpoint
+from ray_ddp.worker.preemption import PreemptionWatch
+from ray_ddp.worker.report import (
+    CheckpointWriter,
+    checkpoint_and_report,
+    write_mid_epoch_checkpoint,
+)
 from ray_ddp.worker.results import (
     EpochTrained,
     RunSoFar,
@@ -73,7 +78,7 @@ class WorkerRun:
 
     def __init__(
         self, cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness,
-        worker: Worker,
+        worker: Worker, notices: bool = True,
     ) -> None:  # fmt: skip
         self.cfg, self.task, self.facts, self.harness, self.worker = (
             cfg,
@@ -94,7 +99,10 @@ class WorkerRun:
         self.restored = find_restore_point(cfg.resume_from, worker)
         # From here on a rank that stops making progress is found (--hang-timeout).
         self.watchdog = start_watchdog(cfg, worker, self.attempt)
-        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every)
+        # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
+        reclaims = PreemptionWatch(cfg.preemption_check_steps if notices else 0, worker.log)
+        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
+        self.writer = CheckpointWriter(cfg.checkpoint_mode, worker.log)
         self.logs = None
 
     @classmethod
@@ -103,7 +111,8 @@ class WorkerRun:
         cfg = TrainConfig.from_dict(config["config"])
         worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
         mark("loop entered (process group up)", f"rank {worker.rank}")
-        return cls(cfg, config["task"], config["facts"], config["harness"], worker)
+        return cls(cfg, config["task"], config["facts"], config["harness"], worker,
+                   config.get("notices", True))  # fmt: skip
 
     def _waiting(self, first: bool) -> None:
         """Before each step's batches come from a Ray Data stream."""
@@ -183,7 +192,10 @@ class WorkerRun:
         finally:
             self.close()
         mark("training ended, logs closed", self.me)
-        return self.so_far.summary(self.worker, progress, self.ranks, self.timer)
+        summary = self.so_far.summary(self.worker, progress, self.ranks, self.timer)
+        reclaims = self.limits.notice
+        asked = {"asked": reclaims.asked, "seconds": round(reclaims.asking_s, 4)}
+        return {**summary, "checkpoints": self.writer.summary(), "preemption_checks": asked}
 
     def run_epoch(self, epoch: int) -> None:
         """Train the epoch, validate, then end it (checkpoint, report, log)."""
@@ -240,7 +252,7 @@ class WorkerRun:
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
         write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
-                                   sums, score, self.harness)  # fmt: skip
+                                   sums, score, self.harness, self.writer)  # fmt: skip
         self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
 
     def validate(self) -> EvalResult:
@@ -287,7 +299,7 @@ class WorkerRun:
         speed = trained.own_trained / trained.seconds
         self.watchdog.doing("epoch end: checkpoint and report", slow=True)
         per_rank = checkpoint_and_report(cfg, self.worker, self.state, self.meta, metrics, own,
-                                         self.harness, speed, timing)  # fmt: skip
+                                         self.harness, speed, timing, self.writer)  # fmt: skip
         log_epoch(cfg, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
                   self.ranks)  # fmt: skip
         self.watchdog.progress("epoch end")

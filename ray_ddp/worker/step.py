@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -112,12 +112,17 @@ class Limits:
     checkpoint_every: int | None = None
     """``--checkpoint-every``: a checkpoint is due every this many steps (inside the epoch:
     its end has its own)."""
+    notice: Callable[[int], bool] | None = None
+    """Asked at every step boundary (every rank alike): a checkpoint is due here, out of
+    turn (``worker.preemption``: a node is about to be reclaimed)."""
 
     def done(self, step: int) -> bool:
         return bool(self.max_steps) and step >= self.max_steps  # type: ignore[operator]
 
     def checkpoint_due(self, step: int) -> bool:
-        return bool(self.checkpoint_every) and step % self.checkpoint_every == 0  # type: ignore[operator]
+        noticed = self.notice is not None and self.notice(step)  # asked at every boundary
+        periodic = bool(self.checkpoint_every) and step % self.checkpoint_every == 0  # type: ignore[operator]
+        return noticed or periodic
 
 
 @dataclass

@@ -1,0 +1,99 @@
+"""``--checkpoint-mode async``: training takes a snapshot in host memory and goes on while
+Ray's upload thread writes and uploads it; Ray registers it once it is complete.
+
+No Ray for the first tests (the snapshot's copies, reused memory). The last runs the
+exactness run (``ledgers.EXACT_RUN``) with asynchronous checkpoints on the session's S3
+server, holds the upload of the checkpoint at step 20 (the harness), and while it is held:
+the checkpoint of step 10 is still the registered one and nothing of step 20's is in the
+bucket; then a worker is SIGKILLed, the restart resumes from step 10, and the run ends with
+the weights of the uninterrupted run, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+import s3server
+import torch
+from ledgers import EXACT_FLAGS
+from test_reliability import Driver, _assert_identical, _straight_weights, _until
+
+from ray_ddp.checkpoint.format import Snapshots, load_checkpoint_state
+from ray_ddp.io import storage
+from ray_ddp.testing.harness import Harness, Stall, upload_marker
+
+
+def test_a_snapshot_is_a_copy_training_cannot_change_in_memory_it_reuses():
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 3)).sum().backward()
+    optimizer.step()
+    saved = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 1}
+    snapshots = Snapshots()
+    first = snapshots.take(saved)
+    held = [b.data_ptr() for b in snapshots.buffers]
+    before = {k: v.clone() for k, v in first["model"].items()}
+    with torch.no_grad():
+        model.weight.add_(1.0)  # training goes on
+    optimizer.step()
+    assert all(torch.equal(first["model"][k], before[k]) for k in before)
+    assert (
+        first["optimizer"]["state"][0]["exp_avg"] is not saved["optimizer"]["state"][0]["exp_avg"]
+    )
+    assert snapshots.nbytes == sum(t.numel() * t.element_size() for t in snapshots.buffers) > 0
+    second = snapshots.take({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                             "step": 2})  # fmt: skip
+    assert [b.data_ptr() for b in snapshots.buffers] == held  # the same host memory
+    assert torch.equal(second["model"]["weight"], model.weight.detach())
+
+
+@pytest.mark.ray
+def test_an_upload_in_flight_is_never_registered_and_a_kill_resumes_bit_identical(
+    ray_session, straight_run, tmp_path
+):
+    storage_path = f"s3://{s3server.BUCKET}/async-{os.getpid()}"
+    run_dir = storage.join(storage_path, "held")
+    summary = str(tmp_path / "summary.json")
+    harness = Harness(stalls=(Stall(23, rank=1),), hold_upload_step=20)
+    driver = Driver(
+        ray_session.get_runtime_context().gcs_address,
+        [*EXACT_FLAGS, "--checkpoint-mode", "async", "--max-failures", "2",
+         "--storage-path", storage_path, "--name", "held", "--summary-json", summary],
+        harness.to_env(),
+    )  # fmt: skip
+    stall = storage.join(run_dir, "stalled-step-23-rank-1")
+    try:
+        _until("the held upload and rank 1 at step 23",
+               lambda: storage.exists(upload_marker(run_dir, 20)) and storage.exists(stall),
+               driver=driver)  # fmt: skip
+        # Held: step 10's is the registered checkpoint, step 20's has nothing in the bucket.
+        snapshot = json.loads(
+            storage.read_text(storage.join(run_dir, "checkpoint_manager_snapshot.json"))
+        )
+        assert snapshot["latest_checkpoint_result"]["metrics"]["step"] == 10
+        files = [k for k in _keys(run_dir) if k.startswith("checkpoint_") and "/" in k]
+        assert len({k.split("/")[0] for k in files}) == 1, files  # step 10's alone
+        pid = int(storage.read_text(stall).split()[1])
+        os.kill(pid, signal.SIGKILL)
+        assert driver.wait() == 0, "\n".join(driver.lines[-30:])
+    finally:
+        if driver.proc.poll() is None:
+            driver.proc.kill()
+    assert any("checkpoints are asynchronous: each takes a" in ln for ln in driver.lines)
+    resumed = [line for line in driver.lines if line.startswith("resumed from")]
+    assert len(resumed) == 1 and "10 steps done, 640 samples into epoch 1" in resumed[0], resumed
+    with open(summary) as f:
+        result = json.load(f)
+    assert result["epochs_completed"] == 2
+    weights = load_checkpoint_state(result["latest_checkpoint"])["model"]
+    _assert_identical(weights, _straight_weights(straight_run))
+
+
+def _keys(uri: str) -> list[str]:
+    import pyarrow.fs
+
+    fs, inner = storage.filesystem(uri)
+    infos = fs.get_file_info(pyarrow.fs.FileSelector(inner, recursive=True, allow_not_found=True))
+    return sorted(i.path[len(inner) + 1 :] for i in infos if i.type == pyarrow.fs.FileType.File)
