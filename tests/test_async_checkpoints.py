@@ -65,13 +65,12 @@ def test_an_upload_in_flight_is_never_registered_and_a_kill_resumes_bit_identica
     )  # fmt: skip
     stall = storage.join(run_dir, "stalled-step-23-rank-1")
     try:
-        _until("the held upload and rank 1 at step 23",
-               lambda: storage.exists(upload_marker(run_dir, 20)) and storage.exists(stall),
-               driver=driver)  # fmt: skip
+        snapshot_file = storage.join(run_dir, "checkpoint_manager_snapshot.json")
+        text = _until("the held upload, rank 1 at step 23 and the controller's snapshot",
+               lambda: storage.exists(upload_marker(run_dir, 20)) and storage.exists(stall)
+               and storage.read_text(snapshot_file), driver=driver)  # fmt: skip
         # Held: step 10's is the registered checkpoint, step 20's has nothing in the bucket.
-        snapshot = json.loads(
-            storage.read_text(storage.join(run_dir, "checkpoint_manager_snapshot.json"))
-        )
+        snapshot = json.loads(text)  # as read once all three were there
         assert snapshot["latest_checkpoint_result"]["metrics"]["step"] == 10
         files = [k for k in _keys(run_dir) if k.startswith("checkpoint_") and "/" in k]
         assert len({k.split("/")[0] for k in files}) == 1, files  # step 10's alone
