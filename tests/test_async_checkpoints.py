@@ -19,6 +19,7 @@ import s3server
 import torch
 from ledgers import EXACT_FLAGS
 from test_reliability import Driver, _assert_identical, _straight_weights, _until
+from test_s3_storage import _keys
 
 from ray_ddp.checkpoint.format import Snapshots, load_checkpoint_state
 from ray_ddp.io import storage
@@ -88,11 +89,3 @@ def test_an_upload_in_flight_is_never_registered_and_a_kill_resumes_bit_identica
     assert result["epochs_completed"] == 2
     weights = load_checkpoint_state(result["latest_checkpoint"])["model"]
     _assert_identical(weights, _straight_weights(straight_run))
-
-
-def _keys(uri: str) -> list[str]:
-    import pyarrow.fs
-
-    fs, inner = storage.filesystem(uri)
-    infos = fs.get_file_info(pyarrow.fs.FileSelector(inner, recursive=True, allow_not_found=True))
-    return sorted(i.path[len(inner) + 1 :] for i in infos if i.type == pyarrow.fs.FileType.File)
