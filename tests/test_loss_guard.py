@@ -94,3 +94,42 @@ def test_the_controller_stops_on_the_workers_own_exception_objects():
     assert failure_signature(first) == failure_signature(again)
     assert failure_signature(first) != failure_signature(later)
     assert "OSError: image file is truncated" in failure_signature(first)
+
+
+def test_one_failed_attempt_polled_again_counts_once(capsys):
+    """Ray Train calls ``after_exception`` at every poll that finds errors, and while it
+    waits out a reclaim it polls one failed attempt several times: that is one failure,
+    said once, not the same error stopping two attempts. A lost rank's error names its
+    actor (here a note stands for the actor id Ray's message carries), new in each attempt;
+    an error a rank raises again at the same step in the next attempt still stops the run."""
+    from ray.exceptions import ActorDiedError
+
+    from ray_ddp.reliability.retry_policy import (
+        RepeatedFailureError,
+        note_step,
+        stop_hopeless_retries,
+    )
+
+    def lost(actor: str) -> ActorDiedError:
+        error = ActorDiedError()
+        error.add_note(f"actor_id: {actor}")
+        return error
+
+    def raised() -> OSError:
+        error = OSError("Connection closed by peer")
+        note_step(error, 12)
+        return error
+
+    retries = stop_hopeless_retries()
+    first = lost("a1")
+    retries.after_exception(None, {1: first})
+    retries.after_exception(None, {1: first})  # the same attempt, polled again
+    retries.after_exception(None, {1: first, 0: raised()})  # rank 0 fails too, later
+    retries.after_exception(None, {1: lost("b2")})  # the next attempt loses a rank too
+    assert capsys.readouterr().out.splitlines() == [
+        "attempt failed: lost rank 1 (process or node gone)",
+        "attempt failed at optimizer step 12: lost rank 1 (process or node gone); rank 0 raised",
+        "attempt failed: lost rank 1 (process or node gone)",
+    ]
+    with pytest.raises(RepeatedFailureError, match="Connection closed by peer"):
+        retries.after_exception(None, {1: lost("c3"), 0: raised()})

@@ -15,6 +15,8 @@ naming the symbol, when a Ray upgrade moves one.
   autoscaling config the cluster's monitor was started with, whether Ray was started here.
 - ``autoscaler``: asking the autoscaler for nodes through the coordinator Ray Train uses.
 - ``train_logging``: quieting Ray Train's per-report log lines.
+- ``checkpoint_upload``: an asynchronous checkpoint copied to storage by Ray's upload thread.
+- ``notices``: whether the reclaim notice has reached this worker (for the test harness).
 
 The others degrade where the installed Ray lacks what they use (each says so, once).
 """

@@ -184,6 +184,8 @@ OTHERS: tuple[Private, ...] = (
             "and withdraws them when its wait ends"),
     Private(f"{_TRAIN}.execution.context", "__file__", None,
             "the name of the logger of Ray Train's per-report lines"),
+    Private(f"{_TRAIN}.execution.context", "get_train_context", (),
+            "a worker's own copy of the reclaim notice (a test holds a rank until it came)"),
     Private(f"{_TRAIN}.execution.storage", "StorageContext.persist_current_checkpoint",
             ("self", "checkpoint", "checkpoint_dir_name"),
             "an asynchronous checkpoint is copied to storage as Ray copies a synchronous one"),
@@ -192,8 +194,8 @@ OTHERS: tuple[Private, ...] = (
     Private("ray.experimental.internal_kv", "_internal_kv_get", None,
             "reads that report from the GCS's key-value store"),
 )  # fmt: skip
-"""The rest (``cluster_state``, ``autoscaler``, ``train_logging``): each falls back where
-the installed Ray lacks it."""
+"""The rest (``cluster_state``, ``autoscaler``, ``train_logging``, ``checkpoint_upload``,
+``notices``): each falls back where the installed Ray lacks it."""
 
 STOCK_SOURCE = {"2.60.0": "ea57ec4498323973"}
 """The first 16 hex digits of the SHA-256 of ``DataParallelTrainer._initialize_and_run_

@@ -164,7 +164,7 @@ class Reliability:
     """Every this many optimizer steps, ask Ray whether a node of the run is about to be
     reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step
     and train on until the node goes; the restart resumes there (counted under Ray's own
-    preemption retries where Ray reports the workers as preempted, else --max-failures).
+    preemption retries where the node goes at its deadline, else --max-failures).
     Each ask is a barrier of every worker (a few ms). 0: never ask."""
 
     hang_timeout: float | None = option(

@@ -111,22 +111,39 @@ def stop_hopeless_retries(run_dir: str | None = None):
         def __init__(self) -> None:
             self.seen: Counter[str] = Counter()
             self.hangs: set[str] = set()
+            self.attempt: set[str] = set()
+            """The signatures this attempt has shown: Ray calls ``after_exception`` at
+            every poll that finds errors, and while it waits out a reclaim (Ray 2.60's
+            preempting state) it polls the same failed attempt several times."""
 
         def after_exception(self, run_context, worker_exceptions) -> None:
+            signatures = {failure_signature(e) for e in worker_exceptions.values()}
+            lost = {
+                failure_signature(e)
+                for e in worker_exceptions.values()
+                if type(e).__name__ in _LOST
+            }
+            # A lost rank's error names its actor, new in every attempt: one already
+            # shown means this is the same attempt, polled again.
+            if not lost & self.attempt:
+                self.attempt = set()
+            elif signatures <= self.attempt:
+                return
             print(failure_line(worker_exceptions), flush=True)
             for error in worker_exceptions.values():
                 for kind in FINAL:
                     message = final_message(error, kind)
                     if message:
                         raise kind(message)
-            signatures = {failure_signature(e) for e in worker_exceptions.values()}
+            new = signatures - self.attempt
+            self.attempt |= signatures
             hang = latest_hang(run_dir) if run_dir else None
             if hang is not None and hang[0] not in self.hangs:  # this attempt's, not older
                 self.hangs.add(hang[0])
                 print(hang[0], flush=True)
-                signatures = {hang[1]}  # the lost ranks' messages differ, the place not
+                new = {hang[1]}  # the lost ranks' messages differ, the place not
             # Once per attempt: several ranks failing alike count once.
-            for signature in signatures:
+            for signature in new:
                 self.seen[signature] += 1
                 if self.seen[signature] >= 2:
                     shown = signature.replace("\n", " | ")

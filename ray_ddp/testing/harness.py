@@ -7,7 +7,8 @@ unless it is set; a run without a harness has :data:`NONE`.
 - ``stalls``: a rank stops at an optimizer step, once per run, and says so in a file the
   test waits for (:func:`stall_marker`): it sleeps (a hang, a node about to be lost, until
   the test removes it), dies (``exit``: ``os._exit(1)``, as a killed process) or sleeps
-  holding Python's lock (``frozen``: its own watchdog cannot run). Several stalls make
+  holding Python's lock (``frozen``: its own watchdog cannot run) or until a reclaim
+  notice has reached the rank (``until_notice``). Several stalls make
   several events, each at its own step;
 - ``slow_step_s`` / ``slow_rank``: every optimizer step of a rank (or of all) takes this
   much longer (a straggler);
@@ -35,6 +36,7 @@ import json
 import operator
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +59,8 @@ class Stall:
     """Die there instead (``os._exit(1)``: no exception, no clean-up)."""
     frozen: bool = False
     """Sleep in a native call that holds Python's lock: no thread of the process runs."""
+    until_notice: bool = False
+    """Go on once Ray's reclaim notice has reached this rank (``seconds`` at most)."""
 
 
 @dataclass(frozen=True)
@@ -112,9 +116,12 @@ def stall_marker(run_dir: str, step: int, rank: int) -> str:
     return join(run_dir, f"stalled-step-{step}-rank-{rank}")
 
 
-def stall(harness: Harness, run_dir: str, rank: int, step: int) -> None:
+def stall(
+    harness: Harness, run_dir: str, rank: int, step: int, noticed: Callable[[], bool]
+) -> None:
     """At optimizer step ``step``, a stall of ``rank`` writes its marker and sleeps (or
-    dies, or freezes); not again once the marker exists (a restarted run goes on)."""
+    dies, or freezes, or waits until ``noticed()``: a reclaim notice reached the rank); not
+    again once the marker exists (a restarted run goes on)."""
     for planned in harness.stalls:
         if planned.step != step or planned.rank != rank:
             continue
@@ -128,6 +135,10 @@ def stall(harness: Harness, run_dir: str, rank: int, step: int) -> None:
             # libc's sleep called without releasing Python's lock, as a native call that
             # never returns would: no other thread of the process (its watchdog) runs.
             ctypes.PyDLL(None).sleep(int(planned.seconds))
+        elif planned.until_notice:
+            until = time.monotonic() + planned.seconds
+            while not noticed() and time.monotonic() < until:
+                time.sleep(0.1)
         else:
             time.sleep(planned.seconds)
 

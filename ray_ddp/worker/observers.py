@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ray_ddp.compat import notices
 from ray_ddp.data.order.global_order import Slot
 from ray_ddp.data.unreadable import BadSample, SkipLog
 from ray_ddp.io import reporting
@@ -151,7 +152,7 @@ class Faults(StepObserver):
         return rig.poison_loss(self.harness, loss, step, self.rank)
 
     def updating(self, now):
-        rig.stall(self.harness, self.run_dir, self.rank, now.step)
+        rig.stall(self.harness, self.run_dir, self.rank, now.step, notices.arrived_here)
         if self.first:
             rig.slow_start(self.harness)
         self.first = False

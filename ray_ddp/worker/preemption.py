@@ -7,8 +7,8 @@ step since the last periodic checkpoint. :class:`PreemptionWatch` asks every
 ``--preemption-check-steps`` optimizer steps (Ray's call is a barrier across the workers,
 so not every step), and on a new notice asks the step for a checkpoint there: training
 goes on until the node goes, and the restart resumes from that step (counted under Ray's
-own ``max_preemption_failures`` where Ray reports the lost workers as preempted, else
-under ``--max-failures``)."""
+own ``max_preemption_failures`` where the node goes at its deadline, the way a reclaimed
+one does; one gone before its deadline died unexpectedly: ``--max-failures``)."""
 
 from __future__ import annotations
 
