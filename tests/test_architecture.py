@@ -132,8 +132,23 @@ def _flags(parser) -> list[str]:
 # Flags added since d86bdea, by job (none removed or renamed).
 ADDED_SINCE_D86BDEA = {
     "evaluate": ["--max-bad-samples"],  # issue 27
-    "train": ["--restart-epoch", "--checkpoint-mode", "--preemption-check-steps"],  # 27, 28
-    "tune": ["--checkpoint-mode", "--preemption-check-steps"],  # issue 28
+    "train": [
+        "--restart-epoch",
+        "--checkpoint-mode",
+        "--preemption-check-steps",  # 27, 28
+        "--tracking",
+        "--tracking-uri",
+        "--experiment",
+        "--profile-steps",
+    ],  # 29
+    "tune": [
+        "--checkpoint-mode",
+        "--preemption-check-steps",  # issue 28
+        "--tracking",
+        "--tracking-uri",
+        "--experiment",
+        "--profile-steps",
+    ],  # 29
 }
 
 

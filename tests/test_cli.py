@@ -334,6 +334,7 @@ TRAIN_FLAGS = {
     "--hang-timeout", "--hang-grace",  # issue 16: the hang watchdog
     "--restart-epoch",  # issue 27: an epoch whose order changed under a resume
     "--checkpoint-mode", "--preemption-check-steps",  # issue 28: async checkpoints, reclaims
+    "--tracking", "--tracking-uri", "--experiment", "--profile-steps",  # issue 29
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
@@ -385,6 +386,8 @@ def _set_every_field(cls: type, only_swept: bool = False) -> tuple[list[str], di
             value = [5, 7]
         elif "dict" in str(hints[f.name]):
             value = {"trainer_slot": 1.0}
+        elif f.name == "profile_steps":
+            value = "3-5"  # optimizer steps A-B
         elif "str" in str(hints[f.name]):
             value = f"some-{f.name}"
         else:  # a number

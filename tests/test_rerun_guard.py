@@ -60,6 +60,8 @@ HAND_WRITTEN = {
     "max_bad_samples", "compile",
     # Issue 28: how checkpoints are written and how often a reclaim is asked about.
     "checkpoint_mode", "preemption_check_steps",
+    # Issue 29: where the run is tracked and which steps are profiled.
+    "tracking", "tracking_uri", "experiment", "profile_steps",
 }  # fmt: skip
 
 

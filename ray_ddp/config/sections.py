@@ -23,6 +23,7 @@ PARQUET_READS = ("stream", "memory")
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("adamw", "sgd")
 CHECKPOINT_MODES = ("sync", "async")
+TRACKERS = ("none", "mlflow", "wandb")
 AUGMENT_POLICIES = ("none", "crop", "crop-flip", "autoaugment", "trivialaugment")
 BUILTIN_TASK = "ray_ddp.image_classification:ImageClassification"
 # Flags that configure the built-in image classification only: a task of your own builds
@@ -71,6 +72,27 @@ def parse_resources(text: str) -> dict[str, float]:
     if problem:
         raise argparse.ArgumentTypeError(problem.removeprefix("--resources-per-worker: "))
     return {name: float(amount) for name, amount in value.items()}
+
+
+def parse_step_range(text: str) -> str:
+    """The ``--profile-steps`` flag: ``A-B`` (optimizer steps, 1-based, both included),
+    or ``A`` for one step; kept as ``A-B``."""
+    low, dash, high = text.strip().partition("-")
+    try:
+        first, last = int(low), int(high) if dash else int(low)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected optimizer steps A-B like 20-25, got {text!r}"
+        ) from None
+    return f"{first}-{last}"
+
+
+def step_range(text: str | None) -> tuple[int, int] | None:
+    """``--profile-steps``'s (first, last) step, or None."""
+    if not text:
+        return None
+    first, _, last = text.partition("-")
+    return int(first), int(last)
 
 
 def parse_workers(text: str) -> int | tuple[int, int]:
@@ -378,6 +400,31 @@ class Logging:
     comm_stats: bool = option(False, resume_safe=True)
     """Count gradient all-reduces with a DDP communication hook and report them per
     optimizer step (a check that accumulation really skips the all-reduce)."""
+
+    tracking: str = option("none", choices=TRACKERS, resume_safe=True)
+    """Log the run to an experiment tracker as well: ``mlflow`` (``pip install -e
+    '.[mlflow]'``) or ``wandb`` (``'.[wandb]'``). Rank 0 logs the resolved config as
+    params, the training loss, lr and speed every --log-every-steps optimizer steps and
+    each epoch's metrics (the optimizer step as the tracker's step), and the driver adds
+    curves.png, metrics.csv, the summary and any profiles at the end. A re-run of the same
+    --name, or a restart after a failure, continues the same tracker run. Logging runs in
+    a background thread: a tracker that is down or slow is retried, said once, and never
+    stops or slows training. See docs/tracking.md."""
+    tracking_uri: str | None = option(None, resume_safe=True, metavar="URI")
+    """MLflow: the tracking server every worker can reach (``http://host:5000``,
+    ``databricks``). Auto: MLFLOW_TRACKING_URI (one of them is needed). W&B reads its
+    server from WANDB_BASE_URL and WANDB_MODE instead."""
+    experiment: str | None = option(None, resume_safe=True)
+    """MLflow experiment / W&B project the run goes into (created if missing). Auto:
+    MLFLOW_EXPERIMENT_NAME or WANDB_PROJECT, else ``ray_ddp``."""
+    profile_steps: str | None = option(
+        None, parse=parse_step_range, resume_safe=True, metavar="A-B"
+    )
+    """Record optimizer steps A to B (1-based, counted over the run) with torch.profiler
+    on every rank: CPU (and CUDA) activity with shapes and memory, after one warm-up step.
+    One Chrome/Perfetto trace per rank goes to ``<run>/profiles/attempt-<N>/`` (open it
+    in https://ui.perfetto.dev), with a CUDA memory snapshot on GPUs, and to the tracker
+    when --tracking is on; the driver prints rank 0's top operators by self time."""
 
     # set by the code, not by a flag
     log_prefix: str = option("", resume_safe=True, cli=False)

@@ -44,6 +44,7 @@ from ray_ddp.config.sections import (
     parse_resources,
     parse_workers,
     resources_problem,
+    step_range,
 )
 from ray_ddp.io.storage import join
 
@@ -220,10 +221,42 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.augment not in (None, "none") and (cfg.dataset == "synthetic" or cfg.feature_column):
         what = "a --feature-column" if cfg.feature_column else "the built-in dataset"
         raise ConfigError(f"--augment {cfg.augment} needs images; {what} takes --augment none")
+    problem = tracking_problem(cfg) or profile_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     if cfg.name is not None and (not cfg.name or "/" in cfg.name or cfg.name in (".", "..")):
         raise ConfigError(f"--name must be a plain directory name, got {cfg.name!r}")
     if not cfg.storage_path:
         raise ConfigError("--storage-path must not be empty")
+
+
+def tracking_problem(cfg: TrainConfig) -> str | None:
+    """What is wrong with the tracking flags by themselves, as one line; None if nothing.
+    (Whether the tracker's package is installed is the driver's preflight.)"""
+    if cfg.tracking == "none":
+        given = [f for f in ("tracking_uri", "experiment") if getattr(cfg, f) is not None]
+        if given:
+            return f"--{given[0].replace('_', '-')} needs --tracking mlflow or --tracking wandb"
+    if cfg.tracking == "wandb" and cfg.tracking_uri:
+        return "--tracking-uri is MLflow's; W&B reads its server from WANDB_BASE_URL"
+    return None
+
+
+def profile_problem(cfg: TrainConfig, total_steps: int | None = None) -> str | None:
+    """What is wrong with ``--profile-steps`` as one line (``total_steps``: the run's
+    optimizer steps, once the workers and the data are known); None if nothing."""
+    steps = step_range(cfg.profile_steps)
+    if steps is None:
+        return None
+    first, last = steps
+    given = f"--profile-steps {cfg.profile_steps}"
+    if not 1 <= first <= last:
+        return f"{given}: need 1 <= A <= B (optimizer steps, counted from 1)"
+    end = min(total_steps or last, cfg.max_steps or last)
+    if last > end:
+        why = "--max-steps" if cfg.max_steps == end else f"{cfg.epochs} epochs"
+        return f"{given}: the run has {end} optimizer steps ({why}); profile steps within it"
+    return None
 
 
 def ray_engine_problem(cfg: TrainConfig) -> str | None:

@@ -20,6 +20,7 @@ from ray_ddp.checkpoint.format import (
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.config.batch import global_batch
 from ray_ddp.driver.rerun_guard import check_rerun
+from ray_ddp.driver.tracking import check_tracking
 from ray_ddp.task import Task
 from ray_ddp.task.checks import check_facts, user_code
 from ray_ddp.task.loading import load_task
@@ -49,6 +50,7 @@ def preflight(
     per-worker ``batch_sizes`` a sweep will try (default: the config's own) against the
     data."""
     validate(cfg)
+    check_tracking(cfg)
     if (
         cfg.amp == "fp16"
         and cfg.use_gpu is None

@@ -13,6 +13,7 @@ from ray_ddp.cluster.resources import resolve_scaling
 from ray_ddp.cluster.shared_storage import check_shared_storage
 from ray_ddp.config import TrainConfig
 from ray_ddp.driver.preflight import PreparedTask, check_batch_fits, preflight
+from ray_ddp.driver.tracking import check_profile_steps
 from ray_ddp.io.storage import storage_location
 from ray_ddp.io.timeline import mark
 from ray_ddp.task import Task
@@ -37,6 +38,7 @@ def prepare_cluster_run(
     cfg = resolve_scaling(cfg)
     for batch_size in batch_sizes or [cfg.batch_size]:
         check_batch_fits(cfg, prepared.train_size, batch_size)
+    check_profile_steps(cfg, prepared.train_size)
     cfg = dataclasses.replace(cfg, storage_path=storage_location(cfg.storage_path))
     check_shared_storage(cfg.storage_path)
     return cfg, prepared

@@ -18,6 +18,12 @@ from ray_ddp.driver.elastic import keep_global_batch, quick_elastic_restarts
 from ray_ddp.driver.prepare import prepare_cluster_run
 from ray_ddp.driver.rerun_guard import check_rerun, recorded_config, write_record
 from ray_ddp.driver.summary import build_summary
+from ray_ddp.driver.tracking import (
+    finish_tracking,
+    open_tracking,
+    profile_lines,
+    settings_for,
+)
 from ray_ddp.driver.trainer import build_trainer
 from ray_ddp.image_classification.transforms import augment_policy
 from ray_ddp.io.storage import join
@@ -104,7 +110,9 @@ def run_training(
     cfg = shared_resume_from(cfg, run_dir, alive_nodes())
     if cfg.elastic:
         quick_elastic_restarts()
-    trainer = build_trainer(cfg, prepared, harness=harness)
+    tracking = settings_for(cfg)
+    open_tracking(tracking)
+    trainer = build_trainer(cfg, prepared, harness=harness, tracking=tracking)
     from ray.train import TrainingFailedError
 
     mark("trainer built")
@@ -114,8 +122,10 @@ def run_training(
     except (KeyboardInterrupt, SystemExit) as exc:
         # Ray's own SIGINT handler has aborted the controller, which stops the workers,
         # then exits 0 as if all went well; say what happened instead.
+        finish_tracking(tracking, None, "KILLED")
         raise Interrupted(cfg) from exc
     except TrainingFailedError as exc:
+        finish_tracking(tracking, None, "FAILED")
         hang = latest_hang(run_dir)
         if hang is not None:  # the last attempt hung: say where, not Ray's tracebacks
             raise TrainingHung(hang[0]) from exc
@@ -128,6 +138,9 @@ def run_training(
         summary["report"] = _final_report(prepared.task, cfg, best)
         if cfg.export:
             summary["export"] = _export(prepared.task, best, summary["run_dir"])
+    for line in profile_lines(summary):
+        print(line, flush=True)
+    finish_tracking(tracking, summary)
     return summary
 
 

@@ -68,6 +68,9 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
         # the reclaim notices asked for (calls, seconds), of the attempt that finished.
         "checkpoints": info.get("checkpoints", {}),
         "preemption_checks": info.get("preemption_checks", {}),
+        # --profile-steps: where the traces are, rank 0's top operators (the attempt that
+        # recorded them); --tracking: the tracker run, what was sent and dropped.
+        **{key: info[key] for key in ("profile", "tracking") if info.get(key)},
     }
 
 

@@ -13,6 +13,7 @@ from ray_ddp.driver.preflight import PreparedTask
 from ray_ddp.reliability.hangs.settings import nccl_env, process_group_timeout_s
 from ray_ddp.reliability.retry_policy import stop_hopeless_retries
 from ray_ddp.testing.harness import NONE, Harness
+from ray_ddp.tracking.params import Settings
 
 
 def build_trainer(
@@ -22,10 +23,11 @@ def build_trainer(
     loop: Any = None,
     loop_config: dict[str, Any] | None = None,
     harness: Harness = NONE,
+    tracking: Settings | None = None,
 ):
     """The TorchTrainer for a resolved config (named, absolute storage, workers known)
     and its checked task. Shared by single runs and Tune trials, so both run exactly the
-    same loop."""
+    same loop. ``tracking``: where rank 0 tracks the run (``--tracking``)."""
     from ray.train import (
         CheckpointConfig,
         FailureConfig,
@@ -41,7 +43,10 @@ def build_trainer(
 
     task = prepared.task
     if loop_config is None:
-        loop_config = train_loop_config(cfg, task, prepared.facts, harness, reclaim_watcher_on())
+        tracked = tracking.to_dict() if tracking else None
+        loop_config = train_loop_config(
+            cfg, task, prepared.facts, harness, reclaim_watcher_on(), tracked
+        )
     ray_data: dict[str, Any] = {}
     if cfg.data_engine == "ray" and loop is None:  # built when the workers start
         from ray_ddp.cluster.resources import data_task_cpus

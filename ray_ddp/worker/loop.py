@@ -14,14 +14,15 @@ from ray_ddp.worker.run import WorkerRun
 
 def loop_config(
     cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness = rig.NONE,
-    notices: bool = True,
+    notices: bool = True, tracking: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """What ``train_loop_per_worker`` gets: the config as plain values, the task object
     (Ray pickles it to every worker), the facts the driver found about its data, a test's
     harness (``ray_ddp.testing``; none outside ray_ddp's tests), and whether Ray watches
-    the nodes for reclaim notices (``compat.versions.reclaim_watcher_on``)."""
+    the nodes for reclaim notices (``compat.versions.reclaim_watcher_on``), and where
+    rank 0 tracks the run (``tracking.params.Settings``, as a dict; None: nowhere)."""
     return {"config": cfg.to_dict(), "task": task, "facts": facts, "harness": harness,
-            "notices": notices}  # fmt: skip
+            "notices": notices, "tracking": tracking}  # fmt: skip
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:

@@ -11,6 +11,9 @@ observer that the pass (``ray_ddp.worker.step.train_segment``) notifies, in this
 - ``Skips``: unreadable samples, counted against ``--max-bad-samples``;
 - ``Ledger``: a test's sample ledger;
 - ``StepLogs``: the training loss and lr to TensorBoard every ``--log-every-steps``;
+- ``Tracked``: the same and the speed since the last, to the experiment tracker
+  (``--tracking``: put on its queue, never waited for);
+- ``Profiled``: ``--profile-steps``'s profiler told of each step (``worker.profile``);
 - ``Progress``: rank 0's in-epoch progress line.
 
 A hook that an observer does not need is the base class's no-op.
@@ -36,6 +39,8 @@ from ray_ddp.worker.timing import EpochTiming, StepTimer
 
 if TYPE_CHECKING:
     from ray_ddp.io.run_logs import RunLogs  # tensorboardX: not where the GPU check runs
+    from ray_ddp.tracking.tracker import Tracker
+    from ray_ddp.worker.profile import StepProfiler
     from ray_ddp.worker.step import Pass
 
 # What the hang watchdog reports a rank doing (ray_ddp.reliability.hangs).
@@ -267,6 +272,38 @@ class StepLogs(StepObserver):
     def stepped(self, now, loss, lr):
         if now.step % self.every == 0:
             self.logs.step(now.step, loss.item(), lr)
+
+
+class Tracked(StepObserver):
+    """Rank 0's tracker: the training loss, lr and samples/s (all ranks, since the last
+    log) every ``every`` optimizer steps, at the optimizer step."""
+
+    def __init__(self, tracker: Tracker, every: int) -> None:
+        self.tracker, self.every = tracker, every
+        self.since, self.counted = time.perf_counter(), 0
+
+    def pass_started(self, now):
+        self.since, self.counted = time.perf_counter(), 0
+
+    def stepped(self, now, loss, lr):
+        if now.step % self.every:
+            return
+        seconds = time.perf_counter() - self.since
+        values = {"train_loss": loss.item(), "lr": lr}
+        if seconds > 0 and now.trained > self.counted:
+            values["samples_per_s"] = (now.trained - self.counted) * world_size() / seconds
+        self.tracker.metrics(now.step, values)
+        self.since, self.counted = time.perf_counter(), now.trained
+
+
+class Profiled(StepObserver):
+    """``--profile-steps``: the rank's profiler told where each optimizer step ends."""
+
+    def __init__(self, profiler: StepProfiler) -> None:
+        self.profiler = profiler
+
+    def stepped(self, now, loss, lr):
+        self.profiler.stepped(now.step)
 
 
 class Progress(StepObserver):

@@ -27,6 +27,7 @@ import torch
 
 from ray_ddp.checkpoint.format import check_compatible, task_meta, unwrap
 from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import step_range
 from ray_ddp.data.seeding import seed_initial_weights
 from ray_ddp.data.unreadable import SkipLog, skipped_line
 from ray_ddp.io.timeline import mark
@@ -35,6 +36,8 @@ from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.reliability.retry_policy import note_step
 from ray_ddp.task import Task
 from ray_ddp.testing.harness import Harness
+from ray_ddp.tracking.params import Settings
+from ray_ddp.tracking.tracker import Tracker, epoch_values, read_run_id
 from ray_ddp.worker import observers as seen
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
@@ -43,6 +46,7 @@ from ray_ddp.worker.evaluate import EvalResult, evaluate
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.memory_format import use_channels_last
 from ray_ddp.worker.preemption import PreemptionWatch
+from ray_ddp.worker.profile import StepProfiler
 from ray_ddp.worker.report import (
     CheckpointWriter,
     checkpoint_and_report,
@@ -65,6 +69,7 @@ from ray_ddp.worker.start import (
     example_batch,
     number_attempt,
     start_watchdog,
+    tracker_params,
     wrap_model,
 )
 from ray_ddp.worker.step import EpochPosition, Limits, StepCore, train_segment
@@ -78,7 +83,7 @@ class WorkerRun:
 
     def __init__(
         self, cfg: TrainConfig, task: Task, facts: dict[str, Any], harness: Harness,
-        worker: Worker, notices: bool = True,
+        worker: Worker, notices: bool = True, tracking: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.cfg, self.task, self.facts, self.harness, self.worker = (
             cfg,
@@ -104,6 +109,14 @@ class WorkerRun:
         self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
         self.writer = CheckpointWriter(cfg.checkpoint_mode, worker.log)
         self.logs = None
+        self.tracking = Settings.from_dict(tracking) if worker.is_main else None
+        self.tracker: Tracker | None = None
+        steps = step_range(cfg.profile_steps)
+        self.profiler = (
+            StepProfiler(steps, cfg.run_dir, self.attempt.number, worker.rank, worker.device,
+                         worker.log) if steps else None
+        )  # fmt: skip
+        self.ended: dict[str, Any] = {}
 
     @classmethod
     def start(cls, config: dict[str, Any]) -> WorkerRun:
@@ -112,7 +125,7 @@ class WorkerRun:
         worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
         mark("loop entered (process group up)", f"rank {worker.rank}")
         return cls(cfg, config["task"], config["facts"], config["harness"], worker,
-                   config.get("notices", True))  # fmt: skip
+                   config.get("notices", True), config.get("tracking"))  # fmt: skip
 
     def _waiting(self, first: bool) -> None:
         """Before each step's batches come from a Ray Data stream."""
@@ -131,6 +144,8 @@ class WorkerRun:
         self.state = state = build_train_state(cfg, worker, self.task, model, self.data)
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
+        if restored is None or not restored.own:  # --resume-from's tracker run is not ours
+            state.progress.tracking_run = None
         if worker.is_main:  # bad_samples.csv as the checkpoint left it
             state.progress.bad_sample_rows = rewind(cfg.run_dir, restored, worker.log)
         # Inside an epoch: only on the order its position counts in (a Ray Data stream's
@@ -144,6 +159,8 @@ class WorkerRun:
         self.ranks = rank_rows(worker)
         announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
         self._attach_observers()
+        if self.tracker is not None:
+            self.tracker.params(tracker_params(cfg, worker, self.task, self.data))
         mark("rank table, logs", self.me)
         example = example_batch(self.data, worker.device, self.watchdog)
         self.core.stand_in = example
@@ -172,7 +189,19 @@ class WorkerRun:
             chain.append(seen.StepLogs(self.logs, cfg.log_every_steps))
             if cfg.progress_interval_s > 0:
                 chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
+            if self.tracking is not None:
+                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log)
+                chain.append(seen.Tracked(self.tracker, cfg.log_every_steps))
+        if self.profiler is not None:
+            chain.append(seen.Profiled(self.profiler))
         self.observer = seen.Observers(*chain)
+
+    def _tracker_run(self) -> str | None:
+        """The tracker run this run continues: the one kept in the run's folder, else in
+        its own checkpoint (``--resume-from``'s belongs to another run); None: a new one."""
+        kept = read_run_id(self.cfg.run_dir, self.tracking.kind)
+        own = self.restored is not None and self.restored.own
+        return kept or (self.state.progress.tracking_run if own else None)
 
     # ---------------------------------------------------------------------- train
     def train(self) -> dict[str, Any]:
@@ -181,6 +210,8 @@ class WorkerRun:
         cfg, progress = self.cfg, self.state.progress
         if progress.epoch >= cfg.epochs or self.limits.done(progress.step):
             self.worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
+        if self.profiler is not None:
+            self.profiler.begin(progress.step)
         try:
             for epoch in range(progress.epoch, cfg.epochs):
                 if self.limits.done(progress.step):
@@ -195,7 +226,8 @@ class WorkerRun:
         summary = self.so_far.summary(self.worker, progress, self.ranks, self.timer)
         reclaims = self.limits.notice
         asked = {"asked": reclaims.asked, "seconds": round(reclaims.asking_s, 4)}
-        return {**summary, "checkpoints": self.writer.summary(), "preemption_checks": asked}
+        return {**summary, "checkpoints": self.writer.summary(), "preemption_checks": asked,
+                **self.ended}  # fmt: skip
 
     def run_epoch(self, epoch: int) -> None:
         """Train the epoch, validate, then end it (checkpoint, report, log)."""
@@ -251,6 +283,7 @@ class WorkerRun:
         progress.bad_samples = skips.train  # the epoch's so far, carried in the checkpoint
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
+        self._keep_tracker_run()
         write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
                                    sums, score, self.harness, self.writer)  # fmt: skip
         self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
@@ -298,10 +331,13 @@ class WorkerRun:
         timing = self.timing.epoch.summary(trained.seconds)
         speed = trained.own_trained / trained.seconds
         self.watchdog.doing("epoch end: checkpoint and report", slow=True)
+        self._keep_tracker_run()
         per_rank = checkpoint_and_report(cfg, self.worker, self.state, self.meta, metrics, own,
                                          self.harness, speed, timing, self.writer)  # fmt: skip
         log_epoch(cfg, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
                   self.ranks)  # fmt: skip
+        if self.tracker is not None:
+            self.tracker.metrics(progress.step, epoch_values(metrics))
         self.watchdog.progress("epoch end")
         self.so_far.add(metrics, trained, per_rank)
 
@@ -318,11 +354,24 @@ class WorkerRun:
                                     cfg.run_dir))  # fmt: skip
         return skips
 
+    def _keep_tracker_run(self) -> None:
+        """The tracker's run id into the next checkpoint, once the tracker has one."""
+        if self.tracker is not None and self.tracker.ready:
+            self.state.progress.tracking_run = self.tracker.run_id
+
     def close(self) -> None:
-        """Rank 0's run logs flushed (TensorBoard; curves.png rendered from metrics.csv)."""
+        """Rank 0's run logs flushed (TensorBoard; curves.png rendered from metrics.csv),
+        the profiler stopped, what the tracker holds sent (for a while: the run ends)."""
         if self.logs is not None:
             self.logs.close()
             self.logs = None
+        if self.profiler is not None:
+            self.profiler.close()
+            if self.profiler.result:
+                self.ended["profile"] = self.profiler.result
+        if self.tracker is not None:
+            self.ended["tracking"] = {**self.tracker.close(), "warned": self.tracker.sender.warned}
+            self.tracker = None
 
     def stop_watching(self) -> None:
         self.watchdog.stop()

@@ -126,6 +126,28 @@ def announce(
         )
 
 
+def tracker_params(
+    cfg: TrainConfig, worker: Worker, task: Task, data: WorkerData
+) -> dict[str, Any]:
+    """What the experiment tracker records as the run's params: the resolved config (the
+    task spec among it), and what this attempt found (world size, global batch,
+    accumulation, data sizes, device, versions)."""
+    from ray_ddp.tracking.params import versions
+
+    return {
+        **cfg.to_dict(),
+        "task_name": task.name(cfg),
+        "world_size": worker.world_size,
+        "global_batch_size": cfg.global_batch_size,
+        "accumulation": data.accumulation,
+        "steps_per_epoch": data.steps_per_epoch,
+        "train_size": data.train_size,
+        "val_size": data.val_size,
+        "device": worker.device.type,
+        **versions(),
+    }
+
+
 def example_batch(data: WorkerData, device: torch.device, watchdog: Watchdog | NullWatchdog):
     """Two readable validation samples of this rank, on its device (None if its share has
     none): what the FLOPs are counted on, and the step's first stand-in for a micro-batch

@@ -30,6 +30,9 @@ class TrainProgress:
     bad_sample_rows: int | None = None
     """Rows of the run's ``bad_samples.csv`` when this was saved (rank 0's): a resume drops
     the rows written after it, whose samples are read again. None: not known."""
+    tracking_run: str | None = None
+    """The experiment tracker's run this run logs to (``--tracking``; also kept in
+    ``<run>/tracking.json``): a resume from this run's own checkpoint continues it."""
 
     @classmethod
     def from_saved(cls, saved: dict) -> TrainProgress:

@@ -1,0 +1,161 @@
+"""The driver's side of ``--tracking`` and ``--profile-steps``: the checks before any
+cluster work (the tracker's package and server, the profiled steps within the run), the
+settings rank 0 tracks with, and the run's end: curves.png, metrics.csv, the summary and
+the profiles as the tracker run's artifacts, and its status."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from typing import Any
+
+from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config.train import profile_problem
+from ray_ddp.data.order.global_order import micro_batch_count
+from ray_ddp.io.run_logs import CURVES_PNG, METRICS_CSV
+from ray_ddp.io.storage import exists, join, local_copy, read_bytes
+from ray_ddp.tracking.params import (
+    Settings,
+    git_commit,
+    resolve_experiment,
+    resolve_uri,
+    run_tags,
+)
+from ray_ddp.tracking.tracker import NAMES, Tracker, read_run_id
+
+PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
+FINISH_TIMEOUT_S = 60.0
+OPEN_TIMEOUT_S = 20.0
+
+
+def check_tracking(cfg: TrainConfig) -> None:
+    """``--tracking`` without its package, or MLflow without a server: one line, before
+    Ray starts."""
+    if cfg.tracking == "none":
+        return
+    package = PACKAGES[cfg.tracking]
+    if importlib.util.find_spec(package) is None:
+        raise ConfigError(
+            f"--tracking {cfg.tracking} needs the {package} package, which is not installed: "
+            f"pip install -e '.[{cfg.tracking}]' (or pip install {package})"
+        )
+    if cfg.tracking == "mlflow" and resolve_uri("mlflow", cfg.tracking_uri) is None:
+        raise ConfigError(
+            "--tracking mlflow needs a server: --tracking-uri URI or MLFLOW_TRACKING_URI "
+            "(e.g. http://127.0.0.1:5000 of `mlflow server`, see docs/tracking.md)"
+        )
+
+
+def check_profile_steps(cfg: TrainConfig, train_size: int | None) -> None:
+    """``--profile-steps`` within the run's optimizer steps (known once the workers are)."""
+    if not cfg.profile_steps or train_size is None or not cfg.num_workers:
+        return
+    per_step = cfg.global_batch_size // cfg.batch_size
+    steps = -(-micro_batch_count(train_size, cfg.batch_size) // per_step) * cfg.epochs
+    problem = profile_problem(cfg, steps)
+    if problem:
+        raise ConfigError(problem)
+
+
+def settings_for(cfg: TrainConfig, parent_run_id: str | None = None) -> Settings | None:
+    """Where rank 0 tracks this run (resolved here: the workers may not share the
+    driver's environment or working directory); None without ``--tracking``."""
+    if cfg.tracking == "none":
+        return None
+    assert cfg.name is not None
+    return Settings(
+        kind=cfg.tracking,
+        uri=resolve_uri(cfg.tracking, cfg.tracking_uri),
+        experiment=resolve_experiment(cfg.tracking, cfg.experiment),
+        run_name=cfg.name,
+        run_dir=cfg.run_dir,
+        tags=run_tags(cfg.name, cfg.run_dir, git_commit()),
+        parent_run_id=parent_run_id,
+    )
+
+
+def open_tracking(settings: Settings | None) -> str | None:
+    """The tracker run made (or found again) before any worker starts, its id kept in
+    the run's folder, so that every attempt logs to the one run. A server that has not
+    answered in 20 s is left to rank 0, which tries again and says it (so not here)."""
+    if settings is None:
+        return None
+    kept = read_run_id(settings.run_dir, settings.kind)
+    tracker = Tracker(settings, kept, lambda _: None, retry=False)
+    run_id = tracker.wait_for_run(OPEN_TIMEOUT_S)
+    tracker.close(1.0)
+    return run_id
+
+
+def warn(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def finish_tracking(
+    settings: Settings | None, summary: dict[str, Any] | None, status: str = "FINISHED"
+) -> str | None:
+    """The run's artifacts (curves.png, metrics.csv, ``summary.json``, the profiles) and
+    its ``status``, sent for at most a minute; a tracker that fails is said once (not at
+    all where rank 0 said it already). Returns the tracker run's id."""
+    if settings is None:
+        return None
+    worker_side = (summary or {}).get("tracking") or {}
+    run_id = read_run_id(settings.run_dir, settings.kind) or worker_side.get("run_id")
+    if run_id is None:
+        if not worker_side.get("warned"):
+            warn(f"warning: no {NAMES[settings.kind]} run was made for {settings.run_name}")
+        return None
+    staging = tempfile.mkdtemp(prefix="ray_ddp_artifacts_")
+    # Where rank 0 found the tracker failing, one quiet try: its line has said it.
+    quiet = bool(worker_side.get("warned"))
+    say = (lambda _: None) if quiet else warn
+    tracker = Tracker(settings, run_id, say, interval_s=0.2, retry=not quiet)
+    try:
+        for local, folder in _artifacts(settings.run_dir, summary, staging):
+            tracker.artifact(local, folder)
+        tracker.end(status)
+        tracker.close(FINISH_TIMEOUT_S)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return run_id
+
+
+def _artifacts(run_dir: str, summary: dict[str, Any] | None, staging: str):
+    """``(local file, artifact folder)`` of everything the run leaves for the tracker."""
+    for name in (CURVES_PNG, METRICS_CSV):
+        data = read_bytes(join(run_dir, name))
+        if data is not None:
+            path = os.path.join(staging, name)
+            with open(path, "wb") as f:
+                f.write(data)
+            yield path, None
+    if summary is not None:
+        path = os.path.join(staging, "summary.json")
+        with open(path, "w") as f:
+            json.dump(summary, f, indent=2, default=str)
+        yield path, None
+    profiles = join(run_dir, "profiles")
+    if exists(profiles):
+        target = os.path.join(staging, "profiles")
+        with local_copy(profiles) as folder:
+            shutil.copytree(folder, target)
+        for attempt in sorted(os.listdir(target)):
+            for name in sorted(os.listdir(os.path.join(target, attempt))):
+                yield os.path.join(target, attempt, name), f"profiles/{attempt}"
+
+
+def profile_lines(summary: dict[str, Any]) -> list[str]:
+    """Where the traces are, and rank 0's top operators by self time."""
+    profile = summary.get("profile")
+    if not profile:
+        return []
+    return [
+        f"profile of steps {profile['steps']}: one trace per rank in {profile['folder']} "
+        "(open in https://ui.perfetto.dev or chrome://tracing)",
+        f"rank 0's top operators by {profile['sorted_by'].replace('_', ' ')}:",
+        profile["top"],
+    ]

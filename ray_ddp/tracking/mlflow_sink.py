@@ -1,0 +1,171 @@
+"""MLflow through its client (``MlflowClient``): the run made or found again, and each
+batch of the sender (``sender``) as ``log_batch`` calls, artifacts and the run's end.
+
+No step is logged twice. A run continued after a restart or a re-run (the same run id)
+reads, for each metric it logs, the highest step the server already holds (its
+high-water mark), and sends only the steps above it: the steps the failed attempt logged
+after the checkpoint it resumed from are trained again (bit-identical: ray_ddp resumes
+exactly) but not logged again. After a failed send the marks are read again before the
+batch goes, so a batch that reached the server while its answer was lost is not sent
+twice. Params already on the run are not sent again (MLflow refuses to change one).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ray_ddp.tracking.params import Settings
+from ray_ddp.tracking.sender import Item, Rejected
+
+# MLflow's own limits for one log_batch call.
+MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
+
+
+def quick_requests() -> None:
+    """Each request of this process's MLflow client fails fast (10 s, no retry of its
+    own): the sender retries, and a slow server must not hold a sending thread for
+    minutes. Set where not set already."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+
+
+class MlflowSink:
+    """One MLflow run: made on the first batch (or found again by ``run_id``)."""
+
+    def __init__(
+        self, settings: Settings, run_id: str | None, opened: Callable[[str], None]
+    ) -> None:
+        quick_requests()
+        from mlflow.tracking import MlflowClient
+
+        self.client = MlflowClient(tracking_uri=settings.uri)
+        self.settings, self.run_id, self.opened = settings, run_id, opened
+        self.ready = self.stale = False
+        self.params: set[str] = set()
+        self.marks: dict[str, int] = {}
+        """Each metric's highest step on the server (read, or sent by this sink)."""
+        self.on_server: set[str] = set()
+        """Metrics the run had before this sink (their marks are read from the server)."""
+
+    @property
+    def where(self) -> str:
+        return self.client.tracking_uri
+
+    def url(self) -> str | None:
+        uri = self.client.tracking_uri
+        if self.run_id is None or not uri.startswith("http"):
+            return None
+        run = self.client.get_run(self.run_id)
+        return f"{uri.rstrip('/')}/#/experiments/{run.info.experiment_id}/runs/{self.run_id}"
+
+    def __call__(self, items: list[Item]) -> None:
+        try:
+            self._deliver(items)
+        except Exception as exc:
+            self.stale = True  # it may have reached the server: read the marks again
+            from mlflow.exceptions import MlflowException
+
+            status = exc.get_http_status_code() if isinstance(exc, MlflowException) else 0
+            if 400 <= status < 500 and status != 429:
+                raise Rejected(str(exc).splitlines()[0][:200]) from exc
+            raise
+
+    def _deliver(self, items: list[Item]) -> None:
+        if not self.ready:
+            self._open()
+        if self.stale:
+            self._reread()
+        metrics, params, tags, files, end = self._sort(items)
+        for chunk in _chunks(metrics, MAX_METRICS):
+            self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+        for chunk in _chunks(params, MAX_PARAMS):
+            self.client.log_batch(self.run_id, params=chunk, synchronous=True)
+        for chunk in _chunks(tags, MAX_TAGS):
+            self.client.log_batch(self.run_id, tags=chunk, synchronous=True)
+        # Counted as sent once the server has them.
+        for m in metrics:
+            self.marks[m.key] = max(m.step, self.marks.get(m.key, m.step))
+        self.params.update(p.key for p in params)
+        for local, folder in files:
+            self.client.log_artifact(self.run_id, local, folder)
+        if end:
+            self.client.set_terminated(self.run_id, end)
+
+    def _sort(self, items: list[Item]) -> tuple[list, list, list, list, str | None]:
+        """The batch as MLflow's entities, without what the run already has."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        metrics, params, tags, files, end, seen = [], {}, {}, [], None, set()
+        for item in items:
+            kind = item[0]
+            if kind == "metric":
+                _, key, value, step, ms = item
+                if step <= self.marks.get(key, -1) or (key, step) in seen:
+                    continue
+                seen.add((key, step))
+                metrics.append(Metric(key, value, ms, step))
+            elif kind == "param" and item[1] not in self.params:
+                params.setdefault(item[1], Param(item[1], item[2]))
+            elif kind == "tag":
+                tags[item[1]] = RunTag(item[1], item[2])
+            elif kind == "artifact":
+                files.append((item[1], item[2]))
+            elif kind == "end":
+                end = item[1]
+        return metrics, list(params.values()), list(tags.values()), files, end
+
+    def _open(self) -> None:
+        """Find the run again (set back to running), or make it; say its id."""
+        run = self._existing()
+        if run is None:
+            self.run_id = self._create()
+        else:
+            self.params = set(run.data.params)
+            self.on_server = set(run.data.metrics)
+            self.stale = True
+            if run.info.status != "RUNNING":
+                self.client.update_run(self.run_id, status="RUNNING")
+        self.ready = True
+        self.opened(self.run_id)
+
+    def _existing(self) -> Any:
+        if self.run_id is None:
+            return None
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self.client.get_run(self.run_id)
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_DOES_NOT_EXIST":
+                raise
+            return None  # another server, or deleted: a new run
+
+    def _create(self) -> str:
+        name = self.settings.experiment
+        experiment = self.client.get_experiment_by_name(name)
+        experiment_id = (
+            experiment.experiment_id if experiment else self.client.create_experiment(name)
+        )
+        tags = dict(self.settings.tags)
+        if self.settings.parent_run_id:
+            tags["mlflow.parentRunId"] = self.settings.parent_run_id
+        run = self.client.create_run(experiment_id, run_name=self.settings.run_name, tags=tags)
+        return run.info.run_id
+
+    def _reread(self) -> None:
+        """The high-water marks of every metric this run has on the server."""
+        known = self.on_server | set(self.marks)
+        for key in known:
+            history = self.client.get_metric_history(self.run_id, key)
+            if history:
+                self.marks[key] = max(m.step for m in history)
+        self.stale = False
+
+    def close(self) -> None:
+        """Nothing held open: every call above is a request of its own."""
+
+
+def _chunks(values: list, size: int) -> list[list]:
+    return [values[i : i + size] for i in range(0, len(values), size)]

@@ -1,0 +1,120 @@
+"""Experiment tracking and profiles in real runs: a real MLflow server (``mlflow_server``:
+SQLite store, local artifacts, 127.0.0.1) and real 2-worker fits on the shared Ray,
+everything read back through ``MlflowClient``.
+
+One fit carries most assertions (``tracked``): rank 1 dies at step 8, after checkpoint
+4 and after rank 0 has logged steps past it, and the run restarts from the checkpoint
+(``--max-failures 1``); it profiles steps 10-11 of the second attempt."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import time
+
+import pytest
+from mlflow_server import MlflowServer, server_command
+
+from ray_ddp.driver.run import fit
+from ray_ddp.testing.harness import Harness, Stall
+
+pytestmark = [
+    pytest.mark.ray,
+    pytest.mark.skipif(server_command() is None, reason="pip install -e '.[test]' (mlflow)"),
+]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TASK = "ray_ddp.image_classification:ImageClassification"
+# 512 samples in global batches of 64: 8 steps an epoch, 16 in all.
+SMALL = dict(num_workers=2, train_samples=512, val_samples=128, batch_size=32, epochs=2,
+             loader_workers=0, export=False, tensorboard=False, log_every_steps=1)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    mlflow_server = MlflowServer(str(tmp_path_factory.mktemp("mlflow"))).start()
+    yield mlflow_server
+    mlflow_server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(server.uri)
+
+
+@pytest.fixture(scope="module")
+def tracked(ray_session, server, tmp_path_factory):
+    """The killed-and-restarted, profiled, tracked fit: its summary and run folder."""
+    storage = str(tmp_path_factory.mktemp("tracked"))
+    # Rank 1 holds step 7 for 3 s (rank 0 waits in its all-reduce while its sender sends
+    # steps 1-6), then dies at step 8: the restart resumes from checkpoint 4.
+    harness = Harness(stalls=(Stall(7, rank=1, seconds=3.0), Stall(8, rank=1, exit=True)))
+    started = time.perf_counter()
+    summary = fit(TASK, **SMALL, storage_path=storage, name="tracked", checkpoint_every=4,
+                  max_failures=1, tracking="mlflow", tracking_uri=server.uri,
+                  experiment="tests", profile_steps="10-11", harness=harness)  # fmt: skip
+    print(f"tracked fit: {time.perf_counter() - started:.1f} s")
+    return summary
+
+
+def _run(client, summary):
+    return client.get_run(summary["tracking"]["run_id"])
+
+
+def test_params_tags_and_status(tracked, client):
+    run = _run(client, tracked)
+    params = run.data.params
+    assert params["world_size"] == "2" and params["global_batch_size"] == "64"
+    assert params["task"] == TASK and params["lr"] == "0.003"
+    assert params["warmup_steps"] == "auto"  # None: decided by the run
+    assert params["torch_version"] and params["ray_version"]
+    assert run.info.run_name == "tracked" and run.info.status == "FINISHED"
+    assert run.data.tags["ray_ddp.run_dir"] == tracked["run_dir"]
+    assert re.fullmatch(r"[0-9a-f]{40}", run.data.tags["mlflow.source.git.commit"])
+    experiment = client.get_experiment(run.info.experiment_id)
+    assert experiment.name == "tests"
+
+
+def test_a_restart_continues_the_run_without_logging_a_step_twice(tracked, client):
+    run_id = tracked["tracking"]["run_id"]
+    history = client.get_metric_history(run_id, "train_loss")
+    steps = [m.step for m in history]
+    assert sorted(steps) == list(range(1, 17)), steps  # every step, once
+    # The failed attempt had logged steps past checkpoint 4, which the restart trained
+    # again: they are the first attempt's (logged before the second attempt started).
+    with open(os.path.join(tracked["run_dir"], "attempts.csv")) as f:
+        assert len(list(csv.DictReader(f))) == 2
+    by_step = {m.step: m.timestamp for m in history}
+    restarted = min(by_step[s] for s in range(9, 17))
+    assert by_step[5] < restarted and by_step[6] < restarted
+    for key in ("lr", "samples_per_s"):
+        assert sorted(m.step for m in client.get_metric_history(run_id, key)) == steps
+    # Per-epoch metrics at each epoch's last step.
+    for key in ("val_loss", "val_acc", "epoch_train_loss", "data_wait_max", "epoch_s"):
+        assert [m.step for m in client.get_metric_history(run_id, key)] == [8, 16], key
+    assert len(list(client.search_runs([_run(client, tracked).info.experiment_id]))) == 1
+
+
+def test_artifacts_and_profiles(tracked, client, tmp_path):
+    run_id = tracked["tracking"]["run_id"]
+    names = {a.path for a in client.list_artifacts(run_id)}
+    assert {"curves.png", "metrics.csv", "summary.json", "profiles"} <= names, names
+    local = client.download_artifacts(run_id, "summary.json", str(tmp_path))
+    with open(local) as f:
+        assert json.load(f)["steps"] == 16
+    # The second attempt (the first trained steps 1-8) recorded steps 10-11.
+    traces = {a.path for a in client.list_artifacts(run_id, "profiles/attempt-2")}
+    assert traces == {f"profiles/attempt-2/rank-{r}.trace.json" for r in (0, 1)}, traces
+    folder = os.path.join(tracked["run_dir"], "profiles", "attempt-2")
+    assert tracked["profile"]["folder"] == folder
+    for rank in (0, 1):
+        with open(os.path.join(folder, f"rank-{rank}.trace.json")) as f:
+            events = json.load(f)["traceEvents"]
+        ops = {e.get("name") for e in events}
+        assert {"aten::conv2d", "aten::addmm"} <= ops, sorted(o for o in ops if o)[:50]
+        # Two optimizer steps recorded: two ProfilerStep ranges.
+        assert len({n for n in ops if n and n.startswith("ProfilerStep#")}) == 2
+    assert "aten::" in tracked["profile"]["top"]
