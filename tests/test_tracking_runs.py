@@ -12,6 +12,9 @@ import csv
 import json
 import os
 import re
+import subprocess
+import sys
+import threading
 import time
 
 import pytest
@@ -118,3 +121,60 @@ def test_artifacts_and_profiles(tracked, client, tmp_path):
         # Two optimizer steps recorded: two ProfilerStep ranges.
         assert len({n for n in ops if n and n.startswith("ProfilerStep#")}) == 2
     assert "aten::" in tracked["profile"]["top"]
+
+
+def _job_lines(proc: subprocess.Popen, lines: list[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        lines.append(line.rstrip())
+
+
+def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
+    ray_session, tmp_path
+):
+    """``jobs/train.py`` as users run it; its server goes away after the first metrics
+    arrive. Training goes on, the run ends with exit 0, one line says what happened."""
+    from mlflow.tracking import MlflowClient
+
+    down = MlflowServer(str(tmp_path / "mlflow")).start()
+    storage, summary_path = str(tmp_path / "runs"), str(tmp_path / "summary.json")
+    argv = [sys.executable, os.path.join(ROOT, "jobs", "train.py"),
+            "--address", ray_session.get_runtime_context().gcs_address,
+            "--num-workers", "2", "--train-samples", "512", "--val-samples", "128",
+            "--batch-size", "32", "--epochs", "2", "--loader-workers", "0", "--no-export",
+            "--no-tensorboard", "--log-every-steps", "1", "--storage-path", storage,
+            "--name", "down", "--tracking", "mlflow", "--tracking-uri", down.uri,
+            "--summary-json", summary_path]  # fmt: skip
+    slow = Harness(slow_step_s=0.3)  # 16 steps: about 5 s of training
+    lines: list[str] = []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **slow.to_env()})  # fmt: skip
+    reader = threading.Thread(target=_job_lines, args=(proc, lines), daemon=True)
+    reader.start()
+    try:
+        client, run_id = MlflowClient(down.uri), None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            path = os.path.join(storage, "down", "tracking.json")
+            if run_id is None and os.path.exists(path):
+                with open(path) as f:
+                    run_id = json.load(f)["mlflow"]["run_id"]
+            if run_id and client.get_metric_history(run_id, "train_loss"):
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("no metric reached the server\n" + "\n".join(lines[-30:]))
+        down.stop()  # mid-run: the first steps are logged, the rest never will be
+        assert proc.wait(timeout=180) == 0, "\n".join(lines[-30:])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        down.stop()
+    reader.join(timeout=10)
+    warnings = [line for line in lines if "warning" in line.lower()]
+    assert len(warnings) == 1, warnings
+    assert "MLflow tracking" in warnings[0] and "training goes on" in warnings[0]
+    with open(summary_path) as f:
+        summary = json.load(f)
+    assert summary["steps"] == 16 and summary["epochs_completed"] == 2
+    assert summary["tracking"]["dropped"] > 0 and summary["tracking"]["warned"]

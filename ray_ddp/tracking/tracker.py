@@ -117,7 +117,7 @@ class Tracker:
         """The run's status on the server: FINISHED, FAILED or KILLED."""
         self.sender.put(("end", status))
 
-    def close(self, timeout_s: float = 30.0) -> dict[str, Any]:
+    def close(self, timeout_s: float = 10.0) -> dict[str, Any]:
         """Send what is left (for at most ``timeout_s``); what was sent and dropped."""
         complete = self.sender.close(timeout_s)
         if self.sink is not None:
