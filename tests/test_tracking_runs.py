@@ -178,3 +178,29 @@ def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
         summary = json.load(f)
     assert summary["steps"] == 16 and summary["epochs_completed"] == 2
     assert summary["tracking"]["dropped"] > 0 and summary["tracking"]["warned"]
+
+
+def test_wandb_offline_gets_the_same_content(ray_session, tmp_path, monkeypatch):
+    """``--tracking wandb`` in offline mode, read back from the transaction logs W&B wrote
+    (``wandb_records``): the params, every step's loss once, the epochs' metrics, the
+    run's files."""
+    import wandb_records
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    storage = str(tmp_path)
+    summary = fit(TASK, **{**SMALL, "epochs": 1}, storage_path=storage, name="wb",
+                  tracking="wandb", experiment="tests")  # fmt: skip
+    run_dir = summary["run_dir"]
+    with open(os.path.join(run_dir, "tracking.json")) as f:
+        run_id = json.load(f)["wandb"]["run_id"]
+    logs = wandb_records.offline_runs(run_dir)
+    assert logs and all(path.endswith(f"run-{run_id}.wandb") for path in logs), logs
+    config = wandb_records.config(logs)
+    assert config["world_size"] == "2" and config["global_batch_size"] == "64"
+    assert config["task"] == TASK and config["tag.ray_ddp.run_dir"] == run_dir, config
+    rows = wandb_records.history(logs)
+    losses = [row["_step"] for row in rows if "train_loss" in row]
+    assert losses == list(range(1, 9)), rows  # 8 steps, each once, in order
+    assert [row["_step"] for row in rows if "val_acc" in row] == [8]
+    assert {"curves.png", "metrics.csv", "summary.json"} <= wandb_records.saved_files(logs)

@@ -11,6 +11,7 @@ import os
 import shutil
 import sys
 import tempfile
+import uuid
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
@@ -21,11 +22,12 @@ from ray_ddp.io.storage import exists, join, local_copy, read_bytes
 from ray_ddp.tracking.params import (
     Settings,
     git_commit,
+    passed_on,
     resolve_experiment,
     resolve_uri,
     run_tags,
 )
-from ray_ddp.tracking.tracker import NAMES, Tracker, read_run_id
+from ray_ddp.tracking.tracker import NAMES, Tracker, read_run_id, write_run_id
 
 PACKAGES = {"mlflow": "mlflow", "wandb": "wandb"}
 FINISH_TIMEOUT_S = 60.0
@@ -75,6 +77,7 @@ def settings_for(cfg: TrainConfig, parent_run_id: str | None = None) -> Settings
         run_dir=cfg.run_dir,
         tags=run_tags(cfg.name, cfg.run_dir, git_commit()),
         parent_run_id=parent_run_id,
+        env=passed_on(cfg.tracking),
     )
 
 
@@ -85,6 +88,11 @@ def open_tracking(settings: Settings | None) -> str | None:
     if settings is None:
         return None
     kept = read_run_id(settings.run_dir, settings.kind)
+    if settings.kind == "wandb":  # W&B takes the id its client makes: nothing to ask
+        if kept is None:
+            kept = uuid.uuid4().hex[:12]  # W&B's ids: lower-case letters and digits
+            write_run_id(settings.run_dir, "wandb", kept, experiment=settings.experiment)
+        return kept
     tracker = Tracker(settings, kept, lambda _: None, retry=False)
     run_id = tracker.wait_for_run(OPEN_TIMEOUT_S)
     tracker.close(1.0)

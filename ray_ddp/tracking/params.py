@@ -66,6 +66,9 @@ class Settings:
     tags: dict[str, str] = field(default_factory=dict)
     parent_run_id: str | None = None
     """A sweep's parent run, for a trial's run."""
+    env: dict[str, str] = field(default_factory=dict)
+    """The driver's tracker settings a worker's environment may lack (W&B's mode, server,
+    entity; never a key or token: those belong in the workers' environment)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,6 +84,16 @@ def run_tags(run_name: str, run_dir: str, commit: str | None) -> dict[str, str]:
     if commit:
         tags["mlflow.source.git.commit"] = commit
     return tags
+
+
+PASSED_ON = ("WANDB_MODE", "WANDB_BASE_URL", "WANDB_ENTITY")
+
+
+def passed_on(kind: str) -> dict[str, str]:
+    """What of the driver's environment rank 0 tracks with too."""
+    if kind != "wandb":
+        return {}
+    return {name: os.environ[name] for name in PASSED_ON if os.environ.get(name)}
 
 
 def resolve_experiment(kind: str, given: str | None) -> str:
