@@ -204,3 +204,41 @@ def test_wandb_offline_gets_the_same_content(ray_session, tmp_path, monkeypatch)
     assert losses == list(range(1, 9)), rows  # 8 steps, each once, in order
     assert [row["_step"] for row in rows if "val_acc" in row] == [8]
     assert {"curves.png", "metrics.csv", "summary.json"} <= wandb_records.saved_files(logs)
+
+
+def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(ray_session, server, client, tmp_path):
+    """Two trials, one at a time, ASHA after epoch 1: the parent holds the search space,
+    each trial's run is its child with the trial's lr and batch as params, and the trial
+    ASHA stopped is tagged so."""
+    from ray_ddp.config import SweepConfig, TrainConfig
+    from ray_ddp.driver.tune import run_sweep
+
+    cfg = TrainConfig(**{**SMALL, "cpus_per_worker": 0.9, "seed": 3}, storage_path=str(tmp_path),
+                      name="sweep", tracking="mlflow", tracking_uri=server.uri,
+                      experiment="sweeps", progress_interval_s=0)  # fmt: skip
+    # Seed 3 draws about 1e-2, then 8e-2, which trains worse: ASHA stops the second.
+    sweep = SweepConfig(num_samples=2, batch_sizes=[32], lr_min=3e-3, lr_max=3e3,
+                        grace_period=1, reduction_factor=2)  # fmt: skip
+    started = time.perf_counter()
+    summary = run_sweep(cfg, sweep)
+    print(f"tracked sweep: {time.perf_counter() - started:.1f} s")
+    experiment = client.get_experiment_by_name("sweeps").experiment_id
+    runs = {r.info.run_name: r for r in client.search_runs([experiment])}
+    parent = runs.pop("sweep")
+    assert parent.data.params["num_samples"] == "2" and parent.data.params["lr_max"] == "3000.0"
+    assert parent.data.tags["ray_ddp.best_trial"] == summary["best"]["trial"]
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"results.csv"}
+    trials = {t["trial"]: t for t in summary["trials"]}
+    assert set(runs) == set(trials)
+    for name, run in runs.items():
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert float(run.data.params["lr"]) == pytest.approx(trials[name]["lr"])
+        assert run.data.params["batch_size"] == "32"
+        stopped = trials[name]["status"] == "stopped early"
+        assert run.data.tags["ray_ddp.asha_stopped"] == str(stopped).lower()
+        assert run.info.status == ("KILLED" if stopped else "FINISHED")
+        epochs = client.get_metric_history(run.info.run_id, "val_acc")
+        # (A stopped trial may train on a little while Tune stops it: its run shows it.)
+        assert len(epochs) >= trials[name]["epochs_run"] >= 1
+    assert sum(t["status"] == "stopped early" for t in trials.values()) == 1, trials

@@ -5,6 +5,7 @@ the profiles as the tracker run's artifacts, and its status."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -167,3 +168,61 @@ def profile_lines(summary: dict[str, Any]) -> list[str]:
         f"rank 0's top operators by {profile['sorted_by'].replace('_', ' ')}:",
         profile["top"],
     ]
+
+
+# ----------------------------------------------------------------------------- sweeps
+def open_sweep(
+    cfg: TrainConfig, name: str, sweep_dir: str, params: dict[str, Any]
+) -> tuple[Settings | None, str | None]:
+    """A sweep's parent run (its search space and base config as params): its settings
+    and id, which every trial's run names as its parent. (None, None) without
+    ``--tracking``, or (settings, None) where the server could not make it."""
+    if cfg.tracking == "none":
+        return None, None
+    settings = settings_for(dataclasses.replace(cfg, name=name))
+    assert settings is not None
+    settings = dataclasses.replace(
+        settings, run_dir=sweep_dir, tags={**settings.tags, "ray_ddp.sweep": "true"}
+    )
+    parent = open_tracking(settings)
+    if parent is not None:
+        tracker = Tracker(settings, parent, warn)
+        tracker.params(params)
+        tracker.close()
+    return settings, parent
+
+
+def finish_sweep(
+    settings: Settings | None, parent: str | None, summary: dict[str, Any], train_dir: str
+) -> None:
+    """Each trial's run tagged with how it ended (``ray_ddp.asha_stopped``: stopped early
+    by ASHA, status KILLED), then the parent's best figures, results and end."""
+    if settings is None or parent is None:
+        return
+    for trial in summary["trials"]:
+        child = dataclasses.replace(settings, run_name=trial["trial"],
+                                    run_dir=join(train_dir, trial["trial"]))  # fmt: skip
+        run_id = read_run_id(child.run_dir, child.kind)
+        if run_id is None:
+            continue
+        stopped = trial["status"] == "stopped early"
+        tracker = Tracker(child, run_id, warn)
+        tracker.tags({"ray_ddp.trial_status": trial["status"],
+                      "ray_ddp.asha_stopped": str(stopped).lower(),
+                      "ray_ddp.epochs_run": trial["epochs_run"]})  # fmt: skip
+        tracker.close()
+        status = "KILLED" if stopped else "FAILED" if trial["status"] == "error" else "FINISHED"
+        finish_tracking(child, None, status)  # its curves.png and metrics.csv, its end
+    best = summary["best"]
+    tracker = Tracker(settings, parent, warn)
+    tracker.metrics(0, {f"best_{summary['metric']}": best["best_value"]})
+    tracker.tags({"ray_ddp.best_trial": best["trial"]})
+    for file in ("results.csv", "sweep.png"):
+        data = read_bytes(join(summary["sweep_dir"], file))
+        if data is not None:
+            staging = tempfile.mkdtemp(prefix="ray_ddp_artifacts_")
+            with open(os.path.join(staging, file), "wb") as f:
+                f.write(data)
+            tracker.artifact(os.path.join(staging, file))
+    tracker.end("FINISHED")
+    tracker.close(FINISH_TIMEOUT_S)

@@ -17,6 +17,7 @@ from typing import Any
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
 from ray_ddp.driver.prepare import prepare_cluster_run
 from ray_ddp.driver.sweep_results import trial_lr, trial_row, write_outputs
+from ray_ddp.driver.tracking import finish_sweep, open_sweep
 from ray_ddp.io.storage import exists, join, storage_location, uri_of
 
 
@@ -54,6 +55,7 @@ def _run_trial(config: dict[str, Any]) -> None:
     from ray.tune.integration.ray_train import TuneReportCallback
 
     from ray_ddp.driver.preflight import PreparedTask
+    from ray_ddp.driver.tracking import open_tracking, settings_for
     from ray_ddp.driver.trainer import build_trainer
     from ray_ddp.task.loading import load_task
 
@@ -70,7 +72,12 @@ def _run_trial(config: dict[str, Any]) -> None:
         storage_path=config["train_storage"],
         log_prefix=f"[{trial_id}] ",
     )
-    build_trainer(cfg, prepared, callbacks=[TuneReportCallback()]).fit()
+    # --tracking: the trial's own run, a child of the sweep's (its lr and batch as params).
+    tracking = settings_for(cfg, parent_run_id=config.get("tracking_parent"))
+    open_tracking(tracking)
+    # Its artifacts and status come from the sweep's driver (finish_sweep): Tune stops a
+    # trial at its last report, before its fit returns here.
+    build_trainer(cfg, prepared, callbacks=[TuneReportCallback()], tracking=tracking).fit()
 
 
 def refuse_existing(sweep_dir: str) -> None:
@@ -98,8 +105,13 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     sweep_dir = join(cfg.storage_path, name)
     cfg = dataclasses.replace(cfg, name=None, summary_json=None)
     _announce(cfg, sweep, name, sweep_dir, concurrency)
+    if not sweep.resume:
+        refuse_existing(sweep_dir)  # a generated name too (before the tracker writes there)
+    searched = {**dataclasses.asdict(sweep), "concurrency": concurrency, **cfg.to_dict()}
+    tracking, parent = open_sweep(cfg, name, sweep_dir, searched)
     started = time.perf_counter()
-    tuner = _tuner(cfg, sweep, name, sweep_dir, concurrency, prepared.facts, metric, mode)
+    tuner = _tuner(cfg, sweep, name, sweep_dir, concurrency, prepared.facts, metric, mode,
+                   parent)  # fmt: skip
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
     trials = [trial_row(result, cfg.epochs, metric, mode) for result in grid]
@@ -112,7 +124,7 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
         raise RuntimeError(f"no trial reported a result; see the trial errors under {sweep_dir}")
     best = (max if mode == "max" else min)(finished, key=lambda t: t["best_value"])
     write_outputs(sweep_dir, trials)
-    return {
+    summary = {
         "sweep_dir": sweep_dir,
         "wall_s": wall_s,
         "concurrency": concurrency,
@@ -121,6 +133,8 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
         "best": best,
         "trials": trials,
     }
+    finish_sweep(tracking, parent, summary, join(sweep_dir, "train"))
+    return summary
 
 
 def _announce(cfg: TrainConfig, sweep: SweepConfig, name: str, sweep_dir: str, concurrency: int):
@@ -152,6 +166,7 @@ def _tuner(
     facts: dict[str, Any],
     metric: str,
     mode: str,
+    parent: str | None = None,
 ):
     """The sweep's Tuner: the one at ``sweep_dir`` continued (``--resume``), or a new one."""
     from ray import tune
@@ -166,7 +181,6 @@ def _tuner(
         if not tune.Tuner.can_restore(sweep_dir):
             raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
         return tune.Tuner.restore(sweep_dir, trainable, resume_unfinished=True, resume_errored=True)
-    refuse_existing(sweep_dir)  # a generated name too, however unlikely
     cfg = shared_resume_from(cfg, sweep_dir, alive_nodes())
     scheduler = (
         ASHAScheduler(
@@ -187,6 +201,7 @@ def _tuner(
             "scale_lr": sweep.scale_lr,
             "lr": tune.loguniform(sweep.lr_min, sweep.lr_max),
             "batch_size": tune.choice(sweep.batch_sizes),
+            "tracking_parent": parent,  # the sweep's tracker run (--tracking)
         },
         tune_config=tune.TuneConfig(
             metric=metric,

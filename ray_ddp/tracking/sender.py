@@ -63,6 +63,15 @@ class Sender:
         """Send what is queued now rather than at the next interval (does not wait)."""
         self.wake.set()
 
+    def drain(self, timeout_s: float) -> bool:
+        """Send what is queued now and wait until it went, for at most ``timeout_s`` (not
+        at all while the server is failing); whether it went."""
+        self.wake.set()
+        end = time.monotonic() + timeout_s
+        while self.items and not self.failing and time.monotonic() < end:
+            time.sleep(0.02)
+        return not self.items
+
     def close(self, timeout_s: float = 30.0) -> bool:
         """Send what is left, for at most ``timeout_s`` (one try where the server is
         failing already); whether everything went."""

@@ -137,11 +137,13 @@ def checkpoint_and_report(
     samples_per_s: float = 0.0,
     timing: dict[str, Any] | None = None,
     writer: CheckpointWriter | None = None,
+    before_report: Any = None,
 ) -> list[dict[str, Any]]:
     """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
     at this optimizer-step boundary, synchronously or through ``writer``. Returns every
     rank's speed, memory and ``timing`` (its epoch's data wait and ready time,
-    ``EpochTiming.summary``)."""
+    ``EpochTiming.summary``). ``before_report(metrics)``: rank 0's, with the metrics
+    complete, before Ray has them (after the report, a Tune trial may be stopped)."""
     started = time.perf_counter()
     peak_mb, memory_kind = peak_memory(worker.device)
     stats = {
@@ -161,6 +163,8 @@ def checkpoint_and_report(
     if not worker.is_main:
         ray.train.report(metrics)
         return per_rank
+    if before_report is not None:
+        before_report(metrics)
     partial = [g["sums"] for g in gathered]
     saved = state_of(state, config=cfg.to_dict(), task_meta=meta,
                      world_size=worker.world_size, epoch_partial=partial)  # fmt: skip

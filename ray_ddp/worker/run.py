@@ -333,11 +333,10 @@ class WorkerRun:
         self.watchdog.doing("epoch end: checkpoint and report", slow=True)
         self._keep_tracker_run()
         per_rank = checkpoint_and_report(cfg, self.worker, self.state, self.meta, metrics, own,
-                                         self.harness, speed, timing, self.writer)  # fmt: skip
+                                         self.harness, speed, timing, self.writer,
+                                         self._track_epoch)  # fmt: skip
         log_epoch(cfg, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
                   self.ranks)  # fmt: skip
-        if self.tracker is not None:
-            self.tracker.metrics(progress.step, epoch_values(metrics))
         self.watchdog.progress("epoch end")
         self.so_far.add(metrics, trained, per_rank)
 
@@ -353,6 +352,19 @@ class WorkerRun:
             worker.log(skipped_line(epoch, skips.train, skips.val, evaluated.samples, val_size,
                                     cfg.run_dir))  # fmt: skip
         return skips
+
+    def _track_epoch(self, metrics: dict[str, Any]) -> None:
+        """The epoch's metrics to the tracker, sent at once; after the run's last epoch,
+        waited for (5 s at most): a Tune trial ends at its last report, its process with it."""
+        if self.tracker is None:
+            return
+        progress = self.state.progress
+        self.tracker.metrics(progress.step, epoch_values(metrics))
+        last = progress.epoch >= self.cfg.epochs or self.limits.done(progress.step)
+        if last:
+            self.tracker.sender.drain(5.0)
+        else:
+            self.tracker.sender.flush()
 
     def _keep_tracker_run(self) -> None:
         """The tracker's run id into the next checkpoint, once the tracker has one."""
