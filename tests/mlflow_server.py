@@ -57,6 +57,9 @@ class MlflowServer:
              "--artifacts-destination", os.path.join(self.folder, "artifacts"),
              "--workers", "1"],
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
+            # No job runner: its seven polling processes would take a third of a core
+            # from the 2 the tests run on, and tracking needs none of its jobs.
+            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
         )  # fmt: skip
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

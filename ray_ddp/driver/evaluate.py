@@ -97,6 +97,11 @@ def run_evaluation(
         resume_from=None,
         min_workers=None,  # an evaluation runs on a fixed number of workers
         data_engine="torch",  # its own exact loader, whichever engine trained the model
+        # The training's tracker and profile are not the evaluation's.
+        tracking="none",
+        tracking_uri=None,
+        experiment=None,
+        profile_steps=None,
         name=f"eval-{time.strftime('%Y%m%d-%H%M%S')}",
         **{k: v for k, v in overrides.items() if v is not None},
     )

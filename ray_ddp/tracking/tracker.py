@@ -6,6 +6,7 @@ a restart after a failure continues the same tracker run."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import time
@@ -64,7 +65,12 @@ class Tracker:
         interval_s: float = 1.0, retry: bool = True,
     ) -> None:  # fmt: skip
         self.settings, self.first_id = settings, run_id
-        self.sink: Any = None  # made in the sending thread: importing a tracker takes seconds
+        # The tracker's client, imported here, before training: importing it takes a
+        # second or two of CPU, which a background thread would take from the first steps.
+        # (Where that fails, the sending thread tries again, and says it.)
+        self.sink: Any = None
+        with contextlib.suppress(Exception):  # retried and reported by the sender
+            self.sink = open_sink(settings, run_id, self._opened)
         backoff = (0.5, 1.0, 2.0, 4.0) if retry else ()
         self.sender = Sender(self._deliver, log, describe(settings), interval_s, backoff)
         self.sender.put(("open",))  # the client imported and the run found at once
