@@ -3,8 +3,9 @@ defaults (small_resnet on the built-in data, batch 64 per worker, ``--log-every-
 50``) with ``--tracking mlflow`` against a local ``mlflow server`` (SQLite store, no job
 runner: ``tests/mlflow_server.py``) and without, interleaved on one local Ray; the figure
 is each run's steady samples/s per worker (``StepTimer``: warm-up, epoch ends and
-checkpoints left out), compared pair by pair. One epoch each (94 optimizer steps). Also what a step's call to the tracker costs
-the training thread on its own (``Tracker.metrics``: onto the queue), against the server.
+checkpoints left out), compared pair by pair. One epoch each (94 optimizer steps). Also
+what a step's call to the tracker costs the training thread on its own
+(``Tracker.metrics``: onto the queue), against the server.
 
     RAY_DDP_MLFLOW_SERVER=.mlflow-venv/bin/mlflow python benchmarks/tracking_overhead.py
 
