@@ -162,10 +162,11 @@ class Reliability:
     failure that repeats itself identically still stops it)."""
     preemption_check_steps: int = option(10, bound=NON_NEGATIVE, resume_safe=True, metavar="STEPS")
     """Every this many optimizer steps, ask Ray whether a node of the run is about to be
-    reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step
-    and train on until the node goes; the restart resumes there (counted under Ray's own
-    preemption retries where the node goes at its deadline, else --max-failures).
-    Each ask is a barrier of every worker (a few ms). 0: never ask."""
+    reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step,
+    train on to the last step whose checkpoint is done before the deadline, checkpoint
+    there and hold until the node goes; the restart resumes there (counted under Ray's own
+    preemption retries where the node goes at its deadline, else --max-failures). Each ask
+    is a barrier of every worker (a few ms). 0: never ask."""
 
     hang_timeout: float | None = option(
         None, bound=NON_NEGATIVE, resume_safe=True, metavar="SECONDS"
