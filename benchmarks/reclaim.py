@@ -43,10 +43,10 @@ CASES = {"notice": 10, "no notice": 0}  # --preemption-check-steps
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--drain-at", default="30,45,60", help="steps K where the node is drained")
-    p.add_argument("--notice-s", type=int, default=10, help="the notice's deadline, seconds")
+    p.add_argument("--notice-s", type=int, default=15, help="the notice's deadline, seconds")
     p.add_argument("--step-s", type=float, default=0.2)
     p.add_argument("--checkpoint-every", type=int, default=25)
-    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--out", default=None, help="write <out>.json and <out>.md")
     return p.parse_args(argv)
 
@@ -161,9 +161,9 @@ def markdown(rows: list[dict], args) -> str:
             f"| {row['case']} | {row['drain_at']} | {row['step_at_kill']} | {row['resumed_at']} "
             f"| {row['redone']} |"
         )
+    lines.append("")
     for name in CASES:
         redone = [r["redone"] for r in rows if r["case"] == name]
-        lines.append("")
         lines.append(f"- {name}: steps done again {redone}, mean {sum(redone) / len(redone):.1f}")
     return "\n".join(lines) + "\n"
 

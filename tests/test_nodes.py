@@ -275,7 +275,7 @@ def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, s
     assert evaluated["metrics"]["acc"] == summary["final"]["val_acc"]
 
 
-RECLAIM_NOTICE_S = 12
+RECLAIM_NOTICE_S = 15
 """The reclaim notice's lead in the test (AWS gives 120 s)."""
 RECLAIM_STEPS = 32  # 4 epochs of 8 steps of 0.5 s: a run that outlasts the notice
 

@@ -5,6 +5,7 @@ the deadline); with no room even for a checkpoint, it holds at once."""
 
 from __future__ import annotations
 
+import statistics
 import time
 
 from ray_ddp.worker.preemption import PreemptionWatch
@@ -15,8 +16,9 @@ MARGIN_S = 0.5
 
 def _watch(said: list[str], events: list[str]) -> PreemptionWatch:
     watch = PreemptionWatch(
-        0, said.append, lambda: events.append("upload waited"), lambda: events.append("held")
-    )
+        0, said.append, lambda: events.append("upload waited"), lambda: events.append("held"),
+        lambda timeout_s: events.append("registration waited") or True,
+    )  # fmt: skip
     watch.hold_grace_s, watch.margin_s = 0.1, MARGIN_S
     return watch
 
@@ -42,12 +44,17 @@ def test_the_last_checkpoint_comes_before_the_deadline_and_training_holds_after_
     left = deadline - time.time()
     assert said == [f"last checkpoint before the deadline: at step {step}"]
     assert step > 6  # trained on after the notice's checkpoint
-    # Room left for the checkpoint and the margin (give or take a late sleep), not less.
-    assert checkpoint_s + MARGIN_S - 0.2 < left < checkpoint_s + MARGIN_S + 0.2
+    # It measured the notice's checkpoint, and stopped at the first boundary where another
+    # step would leave less than that and the margin: the one before still had room.
+    assert watch.checkpoint_s >= checkpoint_s - STEP_S
+    step_s, interval = statistics.median(watch.steps_s), watch.steps_s[-1]
+    room = step_s + watch.checkpoint_s + MARGIN_S
+    assert room - interval - 0.05 < left < room
     watch.hold_if_due(step)
     assert time.time() >= deadline + watch.hold_grace_s
-    assert events == ["upload waited", "held"]
+    assert events == ["registration waited", "upload waited", "held", "registration waited"]
     assert said[1].startswith(f"holding at step {step} until the node goes")
+    assert "its checkpoint registered)" in said[1]
     assert said[2].startswith("the node was not reclaimed by 0 s past its deadline")
     assert not watch(step + 1) and watch.deadline is None  # training on, as before
 
@@ -63,4 +70,4 @@ def test_without_time_for_another_checkpoint_it_holds_at_once():
     assert time.time() >= deadline + watch.hold_grace_s
     assert said[0] == "no time for another checkpoint before the deadline"
     assert said[1].startswith("holding at step 4 until the node goes")
-    assert events == ["upload waited", "held"]
+    assert events == ["registration waited", "upload waited", "held", "registration waited"]

@@ -347,12 +347,12 @@ class Checkpointing:
     elastic group resumes mid-epoch exactly where it stopped, at any number of workers.
     Off by default: every epoch's end is checkpointed anyway. (Not in sweeps: Tune's
     schedulers compare trials at epoch ends only.)"""
-    checkpoint_mode: str = option("sync", choices=CHECKPOINT_MODES, resume_safe=True)
-    """``sync``: every worker waits while rank 0 writes a checkpoint and Ray uploads it.
-    ``async``: training waits only for a copy of the state in host memory (one state's
+    checkpoint_mode: str = option("async", choices=CHECKPOINT_MODES, resume_safe=True)
+    """``async``: training waits only for a copy of the state in host memory (one state's
     size, reused); Ray's upload thread writes and uploads it and registers it once
     complete. At most one upload in flight: the next checkpoint waits for it. Needs Ray
-    2.60 (sync otherwise, said once)."""
+    2.60 (sync otherwise, said once). ``sync``: every worker waits while rank 0 writes a
+    checkpoint and Ray uploads it."""
     export: bool = option(True, resume_safe=True)
     """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
     plain state_dict and a torch.export program."""

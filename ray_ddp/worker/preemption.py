@@ -35,9 +35,10 @@ from ray_ddp.worker.collectives import all_gather, is_distributed
 
 HOLD_GRACE_S = 30.0
 """How long past the notice's deadline the held ranks wait for the node to go."""
-MARGIN_S = 2.0
-"""Kept free before the deadline beyond the last checkpoint's own time (its registration
-by Ray's controller, a step slower than the median)."""
+MARGIN_S = 5.0
+"""Kept free before the deadline beyond what the notice's checkpoint took to be written
+and registered (a later one may wait longer for the controller's poll; a step may be
+slower than the median). Held, not lost: a few steps' time once per reclaim."""
 TRAIN_ON, CHECKPOINT_AND_HOLD, HOLD = 0, 1, 2
 
 
@@ -70,12 +71,14 @@ class PreemptionWatch:
         log: Callable[[str], None],
         wait_upload: Callable[[], None] = lambda: None,
         holding: Callable[[], None] = lambda: None,
+        registered: Callable[[float], bool] = registered,
     ) -> None:
         self.every = every_steps if notices_supported() else 0
         self.log = log
-        self.wait_upload, self.holding = wait_upload, holding
+        self.wait_upload, self.holding, self.registered = wait_upload, holding, registered
         """What a hold waits for first (rank 0's checkpoint upload), and tells (the hang
-        watchdog: the wait is not a hang)."""
+        watchdog: the wait is not a hang); and how to wait for Ray to register the
+        checkpoints reported."""
         self.hold_grace_s, self.margin_s = HOLD_GRACE_S, MARGIN_S
         self.seen: set[str] = set()
         self.asked = 0
@@ -101,7 +104,7 @@ class PreemptionWatch:
             self.steps_s.append(now - self.last[1])
         self.last = (step, now)
         if self.insured is not None and self.final is None:
-            return self._closing(step, now)
+            return self._closing(step)
         return self._ask(step)
 
     def _ask(self, step: int) -> bool:
@@ -127,7 +130,7 @@ class PreemptionWatch:
             self.checkpoint_s = None
         return True
 
-    def _closing(self, step: int, now: float) -> bool:
+    def _closing(self, step: int) -> bool:
         """At each boundary after the notice's checkpoint, rank 0 decides and every rank
         follows (one small collective a step, only until the deadline): train on while
         another step and a checkpoint still fit before it; else checkpoint here and hold
@@ -135,7 +138,7 @@ class PreemptionWatch:
         assert self.insured is not None and self.deadline is not None
         step_s = statistics.median(self.steps_s) if self.steps_s else 0.0
         if self.checkpoint_s is None:  # the notice's checkpoint, written and registered
-            registered(self.deadline - time.time())
+            self.registered(self.deadline - time.time())
             self.checkpoint_s = max(0.0, time.perf_counter() - self.insured[1] - step_s)
         left = self.deadline - time.time()
         if left < self.checkpoint_s + self.margin_s:
@@ -164,7 +167,7 @@ class PreemptionWatch:
         self.hold_due = False
         self.wait_upload()
         self.holding()
-        kept = "registered" if registered(self.deadline - time.time()) else "not registered yet"
+        kept = "registered" if self.registered(self.deadline - time.time()) else "not registered"
         left = self.deadline - time.time()
         self.log(f"holding at step {step} until the node goes ({max(0.0, left):.0f} s to its "
                  f"deadline; its checkpoint {kept}): a step trained now would be lost "
