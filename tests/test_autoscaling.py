@@ -13,12 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import tempfile
 import time
 
 import pytest
+from ports import free_port
 
 from ray_ddp.driver.cli import train_main
 
@@ -44,12 +44,6 @@ SMALL_RUN = [
     "--epochs", "1", "--train-samples", "512", "--val-samples", "101", "--batch-size", "64",
     "--no-export", "--no-tensorboard",
 ]  # fmt: skip
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
 
 
 def _autoscaling_cluster_class():
@@ -100,7 +94,7 @@ def _autoscaling_cluster_class():
             import ray
             from ray.cluster_utils import Cluster
 
-            port = _free_port()
+            port = free_port()
             ip = ray.util.get_node_ip_address()
             # The fake provider starts nodes against this GCS (else it assumes port 6379).
             self._config["provider"]["gcs_address"] = f"{ip}:{port}"
@@ -118,6 +112,7 @@ def _autoscaling_cluster_class():
                         "num_cpus": self._head_resources.get("CPU", 0),
                         "autoscaling_config": path,
                         "gcs_server_port": port,
+                        "dashboard_port": free_port(),
                     },
                 )
             finally:

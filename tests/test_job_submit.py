@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,16 +13,11 @@ import urllib.error
 import urllib.request
 
 import pytest
+from ports import free_port
 
 pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +26,7 @@ def head(no_shared_ray):
     token auth; always stopped, whatever the test did."""
     env = {**os.environ, "RAY_AUTH_MODE": "token"}
     subprocess.run([RAY, "get-auth-token", "--generate"], env=env, check=True, capture_output=True)
-    port, dashboard = _free_port(), _free_port()
+    port, dashboard = free_port(), free_port()
     temp_dir = tempfile.mkdtemp(prefix="rdh", dir="/tmp")
     proc = subprocess.Popen(
         [RAY, "start", "--head", "--block", f"--port={port}", f"--dashboard-port={dashboard}",

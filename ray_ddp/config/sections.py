@@ -184,10 +184,11 @@ class Reliability:
     failure that repeats itself identically still stops it)."""
     preemption_check_steps: int = option(10, bound=NON_NEGATIVE, resume_safe=True, metavar="STEPS")
     """Every this many optimizer steps, ask Ray whether a node of the run is about to be
-    reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step
-    and train on until the node goes; the restart resumes there (counted under Ray's own
-    preemption retries where the node goes at its deadline, else --max-failures).
-    Each ask is a barrier of every worker (a few ms). 0: never ask."""
+    reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step,
+    train on to the last step whose checkpoint is done before the deadline, checkpoint
+    there and hold until the node goes; the restart resumes there (counted under Ray's own
+    preemption retries where the node goes at its deadline, else --max-failures). Each ask
+    is a barrier of every worker (a few ms). 0: never ask."""
 
     hang_timeout: float | None = option(
         None, bound=NON_NEGATIVE, resume_safe=True, metavar="SECONDS"
@@ -368,12 +369,12 @@ class Checkpointing:
     elastic group resumes mid-epoch exactly where it stopped, at any number of workers.
     Off by default: every epoch's end is checkpointed anyway. (Not in sweeps: Tune's
     schedulers compare trials at epoch ends only.)"""
-    checkpoint_mode: str = option("sync", choices=CHECKPOINT_MODES, resume_safe=True)
-    """``sync``: every worker waits while rank 0 writes a checkpoint and Ray uploads it.
-    ``async``: training waits only for a copy of the state in host memory (one state's
+    checkpoint_mode: str = option("async", choices=CHECKPOINT_MODES, resume_safe=True)
+    """``async``: training waits only for a copy of the state in host memory (one state's
     size, reused); Ray's upload thread writes and uploads it and registers it once
     complete. At most one upload in flight: the next checkpoint waits for it. Needs Ray
-    2.60 (sync otherwise, said once)."""
+    2.60 (sync otherwise, said once). ``sync``: every worker waits while rank 0 writes a
+    checkpoint and Ray uploads it."""
     export: bool = option(True, resume_safe=True)
     """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
     plain state_dict and a torch.export program."""

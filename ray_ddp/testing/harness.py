@@ -19,6 +19,8 @@ unless it is set; a run without a harness has :data:`NONE`.
 - ``hold_upload_step``: the asynchronous upload of the checkpoint at that optimizer step
   is held, once per run, writing :func:`upload_marker` (an upload in flight, for as long
   as the test needs: it kills a worker, or the run's storage is read meanwhile);
+- ``step_log``: rank 0 appends every optimizer step it applies, in every attempt, to
+  ``<run>/steps-applied`` (:func:`step_log_path`): the steps a restart did again;
 - ``sample_ledger``: rank 0 writes every epoch's trained samples, step by step and from
   every rank, to ``<run>/ledger/epoch-<N>.csv`` (the epoch's part before a mid-epoch
   checkpoint travels in the checkpoint): what the exactness tests compare.
@@ -78,6 +80,7 @@ class Harness:
     sample_ledger: bool = False
     hold_upload_step: int | None = None
     hold_upload_s: float = 600.0
+    step_log: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -141,6 +144,18 @@ def stall(
                 time.sleep(0.1)
         else:
             time.sleep(planned.seconds)
+
+
+def step_log_path(run_dir: str) -> str:
+    """Where ``step_log`` appends (a local run folder)."""
+    return os.path.join(run_dir, "steps-applied")
+
+
+def log_step(harness: Harness, run_dir: str, rank: int, step: int) -> None:
+    """Rank 0, where ``step_log`` asks: ``step`` is being applied (one line: step, pid)."""
+    if harness.step_log and rank == 0:
+        with open(step_log_path(run_dir), "a") as file:
+            file.write(f"{step} {os.getpid()}\n")
 
 
 def slow_down(harness: Harness, rank: int) -> None:

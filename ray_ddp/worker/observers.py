@@ -158,6 +158,7 @@ class Faults(StepObserver):
 
     def updating(self, now):
         rig.stall(self.harness, self.run_dir, self.rank, now.step, notices.arrived_here)
+        rig.log_step(self.harness, self.run_dir, self.rank, now.step)
         if self.first:
             rig.slow_start(self.harness)
         self.first = False

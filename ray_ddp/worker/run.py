@@ -104,10 +104,13 @@ class WorkerRun:
         self.restored = find_restore_point(cfg.resume_from, worker)
         # From here on a rank that stops making progress is found (--hang-timeout).
         self.watchdog = start_watchdog(cfg, worker, self.attempt)
-        # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
-        reclaims = PreemptionWatch(cfg.preemption_check_steps if notices else 0, worker.log)
-        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
         self.writer = CheckpointWriter(cfg.checkpoint_mode, worker.log)
+        # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
+        self.reclaims = reclaims = PreemptionWatch(
+            cfg.preemption_check_steps if notices else 0, worker.log, self.writer.idle.wait,
+            lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
+        )  # fmt: skip
+        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
         self.logs = None
         self.tracking = Settings.from_dict(tracking) if worker.is_main else None
         self.tracker: Tracker | None = None
@@ -217,6 +220,8 @@ class WorkerRun:
                 if self.limits.done(progress.step):
                     break
                 self.run_epoch(epoch)
+                if epoch + 1 < cfg.epochs and not self.limits.done(progress.step):
+                    self.reclaims.hold_if_due(progress.step)
         except Exception as exc:
             note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
             raise
@@ -224,8 +229,7 @@ class WorkerRun:
             self.close()
         mark("training ended, logs closed", self.me)
         summary = self.so_far.summary(self.worker, progress, self.ranks, self.timer)
-        reclaims = self.limits.notice
-        asked = {"asked": reclaims.asked, "seconds": round(reclaims.asking_s, 4)}
+        asked = {"asked": self.reclaims.asked, "seconds": round(self.reclaims.asking_s, 4)}
         return {**summary, "checkpoints": self.writer.summary(), "preemption_checks": asked,
                 **self.ended}  # fmt: skip
 
@@ -264,6 +268,7 @@ class WorkerRun:
                 break
             position = segment.end
             self.checkpoint_inside_epoch(position, sums)
+            self.reclaims.hold_if_due(state.progress.step)
         seconds = time.perf_counter() - started
         self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
         totals = {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}

@@ -1,0 +1,12 @@
+"""A free TCP port on 127.0.0.1 for a server a test starts (never a fixed one: two runs,
+or another Ray, on one machine would collide)."""
+
+from __future__ import annotations
+
+import socket
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
