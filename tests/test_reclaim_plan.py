@@ -49,7 +49,7 @@ def test_the_last_checkpoint_comes_before_the_deadline_and_training_holds_after_
     assert watch.checkpoint_s >= checkpoint_s - STEP_S
     step_s, interval = statistics.median(watch.steps_s), watch.steps_s[-1]
     room = step_s + watch.checkpoint_s + MARGIN_S
-    assert room - interval - 0.05 < left < room
+    assert room - interval - 0.25 < left < room  # 0.25 s: this process descheduled
     watch.hold_if_due(step)
     assert time.time() >= deadline + watch.hold_grace_s
     assert events == ["registration waited", "upload waited", "held", "registration waited"]
