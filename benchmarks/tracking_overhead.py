@@ -3,7 +3,9 @@ defaults (small_resnet on the built-in data, batch 64 per worker, ``--log-every-
 50``) with ``--tracking mlflow`` against a local ``mlflow server`` (SQLite store, no job
 runner: ``tests/mlflow_server.py``) and without, interleaved on one local Ray; the figure
 is each run's steady samples/s per worker (``StepTimer``: warm-up, epoch ends and
-checkpoints left out), compared pair by pair. One epoch each (94 optimizer steps). Also
+checkpoints left out), compared pair by pair. ``--epochs`` each (94 optimizer steps an
+epoch; default 3: the tracker's start, its run made and params sent, falls in the first
+steps, and one epoch's steady window is short enough for it to show). Also
 what a step's call to the tracker costs the training thread on its own
 (``Tracker.metrics``: onto the queue), against the server.
 
@@ -11,7 +13,7 @@ what a step's call to the tracker costs the training thread on its own
 
 (the server comes from the ``mlflow`` package: in this environment, or an ``mlflow``
 executable of another one named by ``RAY_DDP_MLFLOW_SERVER``). About 4 minutes on 2
-cores with 3 pairs. Writes benchmarks/results/tracking_overhead.md (and .json).
+cores with 3 pairs of 1 epoch. Writes benchmarks/results/tracking_overhead.md (and .json).
 """
 
 from __future__ import annotations
@@ -29,15 +31,15 @@ for path in (ROOT, os.path.join(ROOT, "tests")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-RUN = {"epochs": 1, "export": False, "progress_interval_s": 0}  # else jobs/train.py's defaults
+RUN = {"export": False, "progress_interval_s": 0}  # else jobs/train.py's defaults
 
 
-def one_run(storage: str, name: str, uri: str | None) -> dict:
+def one_run(storage: str, name: str, uri: str | None, epochs: int) -> dict:
     from ray_ddp.driver.run import fit
 
     tracking = {"tracking": "mlflow", "tracking_uri": uri, "experiment": "overhead"} if uri else {}
     summary = fit("ray_ddp.image_classification:ImageClassification", num_workers=2,
-                  storage_path=storage, name=name, **RUN, **tracking)  # fmt: skip
+                  storage_path=storage, name=name, epochs=epochs, **RUN, **tracking)  # fmt: skip
     return {
         "steady": summary["timing"]["steady_samples_per_s_per_worker"],
         "tracking": summary.get("tracking", {}),
@@ -66,6 +68,7 @@ def put_us(uri: str) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
     args = parser.parse_args(argv)
 
@@ -82,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
             for pair in range(args.pairs):
                 # Alternate which goes first, so drift weighs on both alike.
                 order = [("on", server.uri), ("off", None)][:: 1 if pair % 2 == 0 else -1]
-                runs = {arm: one_run(storage, f"{arm}-{pair}", uri) for arm, uri in order}
+                runs = {arm: one_run(storage, f"{arm}-{pair}", uri, args.epochs) for arm, uri in order}
                 speeds = {arm: run["steady"] for arm, run in runs.items()}
                 speeds["sent"] = runs["on"]["tracking"].get("sent", 0)
                 pairs.append(speeds)
@@ -95,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [p["on"] / p["off"] for p in pairs]
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "run": RUN,
+        "run": {**RUN, "epochs": args.epochs},
         "pairs": pairs,
         "ratio_median": statistics.median(ratios),
         "ratio_min": min(ratios),
@@ -122,8 +125,8 @@ def markdown(r: dict) -> str:
     return (
         f"# MLflow tracking overhead ({r['date']})\n\n"
         "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, small_resnet, "
-        "the built-in 12000 samples, batch 64 per worker, --log-every-steps 50), one epoch "
-        "per run, with `--tracking mlflow` against a local `mlflow server` (SQLite store) and "
+        "the built-in 12000 samples, batch 64 per worker, --log-every-steps 50), "
+        f"{r['run']['epochs']} epoch(s) per run, with `--tracking mlflow` against a local `mlflow server` (SQLite store) and "
         f"without; {len(r['pairs'])} interleaved pairs, steady samples/s per worker.\n\n"
         "| | median | range |\n|---|---|---|\n"
         f"| tracking on | {r['on_median']:.1f} | {spread('on')} |\n"
@@ -133,9 +136,8 @@ def markdown(r: dict) -> str:
         f"Items rank 0 handed its sender per run: {r['pairs'][0]['sent']} (params, the step "
         "metrics every 50 steps, the epoch's metrics), sent from a background thread once a "
         "second; the training thread only puts them on a queue. The MLflow server ran on the "
-        "same 2 cores as the workers; the 1-minute load average at the end was "
-        f"{r['load_average'][0]:.1f} on 2 cores (other work shared the machine), so the "
-        "pairs spread far more than any effect and only bound it to their noise.\n\n"
+        "same 2 cores as the workers (the 1-minute load average at the end: "
+        f"{r['load_average'][0]:.1f} on 2 cores).\n\n"
         f"The direct cost: {r['put_us']:.1f} us on the training thread per logging step "
         "(`Tracker.metrics`: loss, lr and speed onto the queue; plus one `loss.item()`, "
         "which TensorBoard's logging step does as well), once every 50 steps by default: "
