@@ -79,12 +79,18 @@ class ProcessWatch(threading.Thread):
         self.cpu: dict[str, float] = {}
         self.history: dict[str, list[tuple[float, float]]] = {}
         self.titles: dict[str, str] = {}
+        self.machine: list[tuple[float, int, int]] = []
+        """(unix time, busy ticks, all ticks) of the whole machine (/proc/stat)."""
         self.stop = threading.Event()
 
     def run(self) -> None:
         me = str(os.getpid())
         while not self.stop.wait(0.02):
             now = time.time()
+            with open("/proc/stat") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+            idle = ticks[3] + ticks[4]  # idle, iowait
+            self.machine.append((now, sum(ticks) - idle, sum(ticks)))
             for pid in os.listdir("/proc"):
                 if pid.isdigit() and pid != me:
                     self._look(pid, now)
@@ -129,6 +135,14 @@ class ProcessWatch(threading.Thread):
             if kind == "ray::RayTrainWorker":
                 events.append((max(s[1] for _, s in spans), "Ray: last Train worker gone"))
         return events
+
+    def busy(self, start: float, end: float) -> float | None:
+        """The share of the machine's CPU time that was busy from ``start`` to ``end``
+        (every core; None for a span shorter than two samples)."""
+        inside = [m for m in self.machine if start <= m[0] <= end]
+        if len(inside) < 2 or inside[-1][2] == inside[0][2]:
+            return None
+        return (inside[-1][1] - inside[0][1]) / (inside[-1][2] - inside[0][2])
 
     def _cpu_at(self, pid: str, when: float) -> float:
         """The CPU seconds process ``pid`` had used at ``when`` (its last sample before)."""
@@ -186,9 +200,14 @@ def one_run(s: Settings, rep: int, work: str, extra_env: dict[str, str]) -> dict
     with open(result) as f:
         steady = (json.load(f).get("timing") or {}).get("steady_samples_per_s_per_worker")
     when = {what: t for t, what in events}
+    ordered = sorted(events)
+    # How busy the machine was in each stage (from the stage above to it): a stage that
+    # waits rather than computes shows idle cores.
+    busy = {what: watch.busy(ordered[i - 1][0], t) for i, (t, what) in enumerate(ordered) if i}
     first, ended = when["rank 0: first optimizer step"], when["rank 0: training ended, logs closed"]
     return {
-        "stages": {what: t - launch for t, what in sorted(events)},
+        "stages": {what: t - launch for t, what in ordered},
+        "busy": busy,
         "cpu": watch.cpu_by_title(),
         # From the end of the first optimizer step to the end of training: the steady
         # state (and the epoch's validation and checkpoint, a small part of it).
@@ -207,14 +226,16 @@ def timeline_table(runs: list[dict[str, Any]]) -> list[str]:
     stages = [r["stages"] for r in runs]
     order = sorted(stages[0], key=lambda k: statistics.median(r.get(k, 0.0) for r in stages))
     lines = [
-        "| s since launch, median (min–max) | since the row above | stage |",
-        "|---:|---:|---|",
+        "| s since launch, median (min–max) | since the row above | CPU busy | stage |",
+        "|---:|---:|---:|---|",
     ]
     previous = 0.0
     for what in order:
         values = [r[what] for r in stages if what in r]
         med = statistics.median(values)
-        lines.append(f"| {median_range(values)} | {med - previous:+.2f} | {what} |")
+        shares = [r["busy"][what] for r in runs if r.get("busy", {}).get(what) is not None]
+        busy = f"{100 * statistics.median(shares):.0f}%" if shares else ""
+        lines.append(f"| {median_range(values)} | {med - previous:+.2f} | {busy} | {what} |")
         previous = med
     return lines
 
