@@ -85,7 +85,9 @@ def main(argv: list[str] | None = None) -> int:
             for pair in range(args.pairs):
                 # Alternate which goes first, so drift weighs on both alike.
                 order = [("on", server.uri), ("off", None)][:: 1 if pair % 2 == 0 else -1]
-                runs = {arm: one_run(storage, f"{arm}-{pair}", uri, args.epochs) for arm, uri in order}
+                runs = {
+                    arm: one_run(storage, f"{arm}-{pair}", uri, args.epochs) for arm, uri in order
+                }
                 speeds = {arm: run["steady"] for arm, run in runs.items()}
                 speeds["sent"] = runs["on"]["tracking"].get("sent", 0)
                 pairs.append(speeds)
@@ -126,7 +128,8 @@ def markdown(r: dict) -> str:
         f"# MLflow tracking overhead ({r['date']})\n\n"
         "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, small_resnet, "
         "the built-in 12000 samples, batch 64 per worker, --log-every-steps 50), "
-        f"{r['run']['epochs']} epoch(s) per run, with `--tracking mlflow` against a local `mlflow server` (SQLite store) and "
+        f"{r['run']['epochs']} epoch(s) per run, with `--tracking mlflow` against a local "
+        "`mlflow server` (SQLite store) and "
         f"without; {len(r['pairs'])} interleaved pairs, steady samples/s per worker.\n\n"
         "| | median | range |\n|---|---|---|\n"
         f"| tracking on | {r['on_median']:.1f} | {spread('on')} |\n"
