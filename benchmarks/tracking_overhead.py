@@ -12,8 +12,8 @@ what a step's call to the tracker costs the training thread on its own
     RAY_DDP_MLFLOW_SERVER=.mlflow-venv/bin/mlflow python benchmarks/tracking_overhead.py
 
 (the server comes from the ``mlflow`` package: in this environment, or an ``mlflow``
-executable of another one named by ``RAY_DDP_MLFLOW_SERVER``). About 4 minutes on 2
-cores with 3 pairs of 1 epoch. Writes benchmarks/results/tracking_overhead.md (and .json).
+executable of another one named by ``RAY_DDP_MLFLOW_SERVER``). About 7 minutes on 2
+cores for 5 pairs of 3 epochs. Writes benchmarks/results/tracking_overhead.md (and .json).
 """
 
 from __future__ import annotations
