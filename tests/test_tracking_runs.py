@@ -254,3 +254,21 @@ def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(ray_session, server,
     # Whether ASHA stops the second trial depends on how fast Tune sees its first epoch
     # (it trains on while Tune decides): each trial's tags follow what Tune decided, above.
     assert any(t["status"] == "finished" for t in trials.values()), trials
+
+
+def test_a_rerun_of_the_same_name_continues_the_same_run(tracked, server, client):
+    """The same command with more epochs continues the tracked run: one MLflow run, each
+    step once, the curve going on at step 17. (Last in the module: it extends the run the
+    tests above read.)"""
+    storage = os.path.dirname(tracked["run_dir"])
+    summary = fit(TASK, **{**SMALL, "epochs": 3}, storage_path=storage, name="tracked",
+                  checkpoint_every=4, max_failures=1, tracking="mlflow",
+                  tracking_uri=server.uri, experiment="tests", profile_steps="10-11")  # fmt: skip
+    run_id = tracked["tracking"]["run_id"]
+    assert summary["tracking"]["run_id"] == run_id
+    steps = [m.step for m in client.get_metric_history(run_id, "train_loss")]
+    assert sorted(steps) == list(range(1, 25)), steps  # 16 before, 8 now: each once
+    assert [m.step for m in client.get_metric_history(run_id, "val_acc")] == [8, 16, 24]
+    run = client.get_run(run_id)
+    assert run.info.status == "FINISHED"
+    assert len(list(client.search_runs([run.info.experiment_id]))) == 1
