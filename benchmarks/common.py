@@ -118,6 +118,30 @@ class StepTimer:
         }
 
 
+def paired_figures(pairs: list[dict[str, Any]]) -> dict[str, float]:
+    """An interleaved A/B's figures from its pairs (each with an ``on`` and an ``off``
+    figure): the on/off ratio pair by pair (median, min, max) and each arm's median."""
+    ratios = [p["on"] / p["off"] for p in pairs]
+    return {
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "on_median": statistics.median(p["on"] for p in pairs),
+        "off_median": statistics.median(p["off"] for p in pairs),
+    }
+
+
+def write_report(out: str, stem: str, result: dict[str, Any], text: str) -> None:
+    """A benchmark's figures as ``<out>/<stem>.json`` and its text as ``<stem>.md``, the
+    text also printed."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, f"{stem}.json"), "w") as file:
+        json.dump(result, file, indent=2)
+    with open(os.path.join(out, f"{stem}.md"), "w") as file:
+        file.write(text)
+    print(text)
+
+
 def write_result(path: str | None, figures: dict[str, Any]) -> None:
     """One JSON object per run (rank 0 only), also printed as one line."""
     figures = {**figures, "end_unix": time.time()}

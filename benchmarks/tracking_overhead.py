@@ -20,9 +20,7 @@ cores with the default 3 pairs (7 with 5). Writes benchmarks/results/tracking_ov
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -31,6 +29,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 for path in (ROOT, os.path.join(ROOT, "tests")):
     if path not in sys.path:
         sys.path.insert(0, path)
+
+from common import paired_figures, write_report  # noqa: E402 - benchmarks/ is on the path
 
 RUN = {"export": False, "progress_interval_s": 0}  # else jobs/train.py's defaults
 
@@ -98,25 +98,15 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             ray.shutdown()
             server.stop()
-    ratios = [p["on"] / p["off"] for p in pairs]
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "run": {**RUN, "epochs": args.epochs},
         "pairs": pairs,
-        "ratio_median": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "on_median": statistics.median(p["on"] for p in pairs),
-        "off_median": statistics.median(p["off"] for p in pairs),
+        **paired_figures(pairs),
         "put_us": put,
         "load_average": os.getloadavg(),
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "tracking_overhead.json"), "w") as file:
-        json.dump(result, file, indent=2)
-    with open(os.path.join(args.out, "tracking_overhead.md"), "w") as file:
-        file.write(markdown(result))
-    print(markdown(result))
+    write_report(args.out, "tracking_overhead", result, markdown(result))
     return 0
 
 

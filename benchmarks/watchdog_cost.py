@@ -12,9 +12,7 @@ Writes benchmarks/results/watchdog_cost.md (and .json).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -23,6 +21,8 @@ import timeit
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+
+from common import paired_figures, write_report  # noqa: E402 - benchmarks/ is on the path
 
 RUN = {
     "model": "small_cnn",
@@ -100,24 +100,14 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     ray.shutdown()
-    ratios = [p["on"] / p["off"] for p in pairs]
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "run": RUN,
         "pairs": pairs,
-        "ratio_median": statistics.median(ratios),
-        "ratio_min": min(ratios),
-        "ratio_max": max(ratios),
-        "on_median": statistics.median(p["on"] for p in pairs),
-        "off_median": statistics.median(p["off"] for p in pairs),
+        **paired_figures(pairs),
         "calls_per_micro_batch_us": micro,
     }
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "watchdog_cost.json"), "w") as file:
-        json.dump(result, file, indent=2)
-    with open(os.path.join(args.out, "watchdog_cost.md"), "w") as file:
-        file.write(markdown(result))
-    print(markdown(result))
+    write_report(args.out, "watchdog_cost", result, markdown(result))
     return 0
 
 
