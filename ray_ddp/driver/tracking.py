@@ -17,7 +17,7 @@ from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.config.train import profile_problem
-from ray_ddp.data.order.global_order import micro_batch_count
+from ray_ddp.data.order.global_order import EpochPlan
 from ray_ddp.io.run_logs import CURVES_PNG, METRICS_CSV
 from ray_ddp.io.storage import exists, join, local_copy, read_bytes
 from ray_ddp.tracking.params import (
@@ -57,8 +57,8 @@ def check_profile_steps(cfg: TrainConfig, train_size: int | None) -> None:
     """``--profile-steps`` within the run's optimizer steps (known once the workers are)."""
     if not cfg.profile_steps or train_size is None or not cfg.num_workers:
         return
-    per_step = cfg.global_batch_size // cfg.batch_size
-    steps = -(-micro_batch_count(train_size, cfg.batch_size) // per_step) * cfg.epochs
+    plan = EpochPlan(train_size, cfg.batch_size, cfg.global_batch_size, cfg.seed, epoch=0)
+    steps = plan.steps * cfg.epochs
     problem = profile_problem(cfg, steps)
     if problem:
         raise ConfigError(problem)
