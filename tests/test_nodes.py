@@ -289,10 +289,12 @@ def test_a_reclaim_notice_checkpoints_at_once_then_last_before_the_deadline_and_
     the notice has reached it. The run asks Ray at every step (--preemption-check-steps
     1): rank 0 had already asked at step 3's boundary, so step 4's sees the notice and
     checkpoints there. Training goes on (steps of 0.5 s) to the last step whose checkpoint
-    is done before the deadline, checkpoints again and holds. The provider takes the node
-    at the deadline (killed, not shut down). The restart resumes from that last
-    checkpoint: nothing trained is done again. It is Ray's own preemption retry
-    (``max_preemption_failures``), not one of --max-failures, which is 0 here."""
+    is done before the deadline, checkpoints again and holds (where an epoch's end comes
+    last, after the epoch's own checkpoint: which one depends on the machine's speed).
+    The provider takes the node at the deadline (killed, not shut down). The restart
+    resumes from that last checkpoint: nothing trained is done again. It is Ray's own
+    preemption retry (``max_preemption_failures``), not one of --max-failures, which is 0
+    here."""
     import subprocess
     import sys
 

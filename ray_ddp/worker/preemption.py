@@ -12,7 +12,7 @@ so not every step). On a new notice:
 2. training goes on while another step and a checkpoint fit before the deadline (rank 0
    decides at each boundary, from the step time and what the first checkpoint took, and
    every rank follows: one small collective a step, only until the deadline); then a
-   checkpoint there;
+   checkpoint there (or none more where an epoch's own checkpoint came last);
 3. after that checkpoint every rank holds: a step trained now would be lost with the
    node. The restart resumes from it, having redone nothing (at most the one step trained
    after the first checkpoint where there is no time for a second). If the node is still
@@ -157,6 +157,25 @@ class PreemptionWatch:
             return False
         self.log(f"last checkpoint before the deadline: at step {step}")
         return True
+
+    def after_checkpoint(self, step: int) -> None:
+        """After a checkpoint of the run's own (an epoch's end, ``--checkpoint-every``):
+        hold where it was the planned last one. Inside a notice's close it may be the last
+        one without having been planned (an epoch ends between two boundaries' decisions,
+        and its validation and checkpoint take the room the decision counted on): where
+        another step and a checkpoint no longer fit before the deadline, hold after it
+        rather than train a step that would be lost with the node."""
+        closing = self.insured is not None and self.final is None and not self.hold_due
+        if closing and self.deadline is not None and self.checkpoint_s is not None:
+            step_s = statistics.median(self.steps_s) if self.steps_s else 0.0
+            left = self.deadline - time.time()
+            fits = left >= step_s + self.checkpoint_s + self.margin_s
+            decision = TRAIN_ON if fits else CHECKPOINT_AND_HOLD
+            decision = all_gather(decision)[0] if is_distributed() else decision  # rank 0's
+            if decision != TRAIN_ON:
+                self.final, self.hold_due = step, True
+                self.log(f"last checkpoint before the deadline: at step {step}")
+        self.hold_if_due(step)
 
     def hold_if_due(self, step: int) -> None:
         """After the last checkpoint before the deadline (``hold_due``): wait until it is

@@ -221,7 +221,7 @@ class WorkerRun:
                     break
                 self.run_epoch(epoch)
                 if epoch + 1 < cfg.epochs and not self.limits.done(progress.step):
-                    self.reclaims.hold_if_due(progress.step)
+                    self.reclaims.after_checkpoint(progress.step)
         except Exception as exc:
             note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
             raise
@@ -268,7 +268,7 @@ class WorkerRun:
                 break
             position = segment.end
             self.checkpoint_inside_epoch(position, sums)
-            self.reclaims.hold_if_due(state.progress.step)
+            self.reclaims.after_checkpoint(state.progress.step)
         seconds = time.perf_counter() - started
         self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
         totals = {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}
