@@ -127,20 +127,26 @@ def _straight_weights(straight_run) -> dict[str, torch.Tensor]:
 
 
 # Kill 1: rank 1 at step 13 of epoch 1 (checkpoint 10); kill 2: rank 0 of the restarted
-# group at step 53, inside epoch 2 (checkpoint 50, 10 steps into the epoch).
+# group at step 53, inside epoch 2 (checkpoint 50, 10 steps into the epoch); then Ctrl-C
+# while rank 0 of the third group is at step 63 (checkpoint 60).
 KILLS = ((13, 1, 10), (53, 0, 50))
+CTRL_C = (63, 0, 60)
 
 
-def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, straight_run, tmp_path):
-    storage, run_dir = str(tmp_path), str(tmp_path / "killed")
+def test_sigkilled_workers_then_ctrl_c_and_the_same_command_end_with_identical_weights(
+    ray_session, straight_run, tmp_path, capsys
+):
+    """One run of jobs/train.py meets both faults a user sees: workers killed with SIGKILL
+    (--max-failures restarts them, twice, each time from the data position of the
+    checkpoint before the kill), then Ctrl-C on the driver (exit 130, the workers stopped,
+    the command to continue named); the same command again finishes the run. The weights
+    are bit-identical to the uninterrupted run's."""
+    storage, run_dir = str(tmp_path), str(tmp_path / "faults")
     summary = str(tmp_path / "summary.json")
-    harness = stalls(*((step, rank) for step, rank, _ in KILLS), ledger=False)
-    driver = Driver(
-        ray_session.get_runtime_context().gcs_address,
-        [*EXACT_FLAGS, "--max-failures", "2", "--storage-path", storage, "--name", "killed",
-         "--summary-json", summary],
-        harness.to_env(),
-    )  # fmt: skip
+    argv = [*EXACT_FLAGS, "--max-failures", "2", "--storage-path", storage, "--name", "faults",
+            "--summary-json", summary]  # fmt: skip
+    harness = stalls(*((step, rank) for step, rank, _ in (*KILLS, CTRL_C)), ledger=False)
+    driver = Driver(ray_session.get_runtime_context().gcs_address, argv, harness.to_env())
     try:
         for step, rank, checkpoint in KILLS:
             pid = _until(
@@ -148,12 +154,17 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, straight
                 _stalled(run_dir, step, rank, checkpoint), driver=driver,
             )  # fmt: skip
             os.kill(pid, signal.SIGKILL)
-        assert driver.wait() == 0, "\n".join(driver.lines[-30:])
+        step, rank, checkpoint = CTRL_C
+        _until(f"rank {rank} stopped at step {step}", _stalled(run_dir, step, rank, checkpoint),
+               driver=driver)  # fmt: skip
+        driver.proc.send_signal(signal.SIGINT)
+        code = driver.wait(timeout=60)
     finally:
         if driver.proc.poll() is None:
             driver.proc.kill()
+    assert code == 130, "\n".join(driver.lines[-20:])
     # Rank 0 alone speaks by default (--log-all-ranks is tested in test_training).
-    assert sum(line.startswith("epoch   2/2") for line in driver.lines) == 1
+    assert sum(line.startswith("epoch   1/2") for line in driver.lines) == 1
     assert not any("[rank" in line for line in driver.lines)
     resumed = [line for line in driver.lines if line.startswith("resumed from")]
     # Both inside an epoch, from the data position of the checkpoint before the kill.
@@ -161,33 +172,17 @@ def test_sigkilled_workers_resume_to_bit_identical_weights(ray_session, straight
     assert "10 steps done, 640 samples into epoch 1" in resumed[0], resumed
     into = (50 - STEPS_PER_EPOCH) * 64
     assert f"50 steps done, {into} samples into epoch 2" in resumed[1], resumed
-    _assert_identical(_final_weights(summary), _straight_weights(straight_run))
-
-
-def test_ctrl_c_then_the_same_command_resumes_to_identical_weights(
-    ray_session, straight_run, tmp_path
-):
-    storage, run_dir = str(tmp_path), str(tmp_path / "stopped")
-    summary = str(tmp_path / "summary.json")
-    argv = [*EXACT_FLAGS, "--storage-path", storage, "--name", "stopped"]
-    argv += ["--summary-json", summary]
-    harness = stalls((13, 0), ledger=False)  # stopped inside epoch 1, after checkpoint 10
-    driver = Driver(ray_session.get_runtime_context().gcs_address, argv, harness.to_env())
-    try:
-        _until("rank 0 stopped at step 13", _stalled(run_dir, 13, 0, 10), driver=driver)
-        driver.proc.send_signal(signal.SIGINT)
-        code = driver.wait(timeout=60)
-    finally:
-        if driver.proc.poll() is None:
-            driver.proc.kill()
-    assert code == 130, "\n".join(driver.lines[-20:])
     assert any("interrupted: the workers were stopped" in line for line in driver.lines)
-    assert "--name stopped" in driver.lines[-1]
+    assert "--name faults" in driver.lines[-1]
     latest = _registered(run_dir)
-    assert latest["mid_epoch"] and latest["epoch"] == 0 and latest["step"] == 10
+    assert latest["mid_epoch"] and latest["epoch"] == 1 and latest["step"] == 60
     assert not os.path.exists(summary)
 
+    capsys.readouterr()
     assert train_main(argv) == 0  # the same command again (no harness: nothing stops it)
+    out = capsys.readouterr().out
+    into = (60 - STEPS_PER_EPOCH) * 64
+    assert f"60 steps done, {into} samples into epoch 2" in out
     _assert_identical(_final_weights(summary), _straight_weights(straight_run))
 
 
