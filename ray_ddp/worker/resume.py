@@ -4,6 +4,7 @@ Train for the run's latest checkpoint)."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import ray.train
 from ray_ddp.checkpoint.format import (
     CheckpointError,
     ResumeRefusedError,
+    is_sharded,
     load_checkpoint_state,
     load_state,
 )
@@ -32,6 +34,15 @@ class Restored:
     """Where from, for messages."""
     own: bool = False
     """One of this run's own checkpoints (not ``--resume-from``'s)."""
+    directory: str | None = None
+    """A sharded checkpoint's files (``--strategy fsdp2``), in a local directory: its
+    own where the storage is local, else a download of it (``temporary``)."""
+    temporary: bool = False
+
+    def release(self) -> None:
+        """Remove the downloaded copy of a sharded checkpoint, once its shards are read."""
+        if self.temporary and self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | None:
@@ -44,10 +55,13 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
     if checkpoint is None:
         if not resume_from:
             return None
-        return Restored(load_checkpoint_state(resume_from), resume_from)
+        state = load_checkpoint_state(resume_from)
+        if is_sharded(state):
+            return _with_shards(state, resume_from, ray.train.Checkpoint(resume_from))
+        return Restored(state, resume_from)
     fs = checkpoint.filesystem  # local or s3/gs alike
     try:
-        return Restored(_read(checkpoint), _shown(fs, checkpoint.path), own=True)
+        return _with_shards(_read(checkpoint), _shown(fs, checkpoint.path), checkpoint, own=True)
     except CheckpointError as exc:
         worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
     latest = checkpoint.path.rstrip("/")
@@ -60,7 +74,8 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
             worker.log(f"warning: {_shown(fs, path)} is unusable too ({exc})")
             continue
         worker.log(f"warning: resuming from the older checkpoint {_shown(fs, path)}")
-        return Restored(state, _shown(fs, path), own=True)
+        older_checkpoint = ray.train.Checkpoint(path, filesystem=fs)
+        return _with_shards(state, _shown(fs, path), older_checkpoint, own=True)
     raise CheckpointError(
         f"no usable checkpoint in {_shown(fs, run_dir)}; move the run aside or use a new --name"
     )
@@ -74,6 +89,20 @@ def _shown(fs, path: str) -> str:
     """``path`` on filesystem ``fs`` as a URI for messages (``s3://bucket/...``)."""
     scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
     return f"{scheme}://{path}" if scheme else path
+
+
+def _with_shards(
+    state: dict[str, Any], source: str, checkpoint: ray.train.Checkpoint, own: bool = False
+) -> Restored:
+    """``state`` restored from ``checkpoint``; a sharded one's files kept at hand for
+    ``sharding.load_shards``: where they are on local storage, else downloaded."""
+    if not is_sharded(state):
+        return Restored(state, source, own)
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        return Restored(state, source, own, directory=checkpoint.path)
+    return Restored(state, source, own, directory=checkpoint.to_directory(), temporary=True)
 
 
 def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
@@ -179,7 +208,8 @@ def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfi
     fresh = hyperparameters(state.optimizer)
     saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
     if saved_kind == cfg.optimizer:
-        state.optimizer.load_state_dict(saved["optimizer"])
+        if not is_sharded(saved):  # a sharded one's is in its shards: read by then
+            state.optimizer.load_state_dict(saved["optimizer"])
     else:  # AdamW's moments mean nothing to SGD (and the other way round)
         notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
