@@ -86,9 +86,7 @@ def test_the_default_blocks_are_the_items_of_the_outermost_containers():
         def __init__(self):
             super().__init__()
             self.embed = nn.Linear(4, 8)
-            self.layers = nn.ModuleList(
-                nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3)
-            )
+            self.layers = nn.ModuleList(nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(3))
             self.norm = nn.LayerNorm(8)
 
     net = Net()

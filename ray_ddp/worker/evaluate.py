@@ -6,6 +6,12 @@ world_size-th sample from its rank on (no padding: ranks may differ by one sampl
 each of the task's metrics (a total and a count) over its share, and one all-reduce of
 the sums gives figures equal to a single-process evaluation of the same weights. The
 training loop's validation and ``jobs/evaluate.py`` both use :func:`evaluate`.
+
+A model sharded by FSDP2 (``--strategy fsdp2``) all-gathers its parameters in every
+forward, a collective every rank must join: the ranks go through their shares in lockstep,
+and a rank whose share has ended (or whose batch had nothing readable) runs the same
+forwards on a stand-in batch (its latest one, else the ``stand_in`` it was given), whose
+results are not counted.
 """
 
 from __future__ import annotations
@@ -68,12 +74,7 @@ def evaluate(
 
     Samples the loader could not read (``ray_ddp.data.unreadable``) are left out and listed
     in the result's ``skipped``.
-
-    A model sharded by FSDP2 (``--strategy fsdp2``) all-gathers its parameters in every
-    forward, a collective every rank must join: the ranks go through their shares in
-    lockstep, and a rank whose share has ended (or whose batch had nothing readable) runs
-    the same forwards on a stand-in batch (its latest one, else ``stand_in``), whose
-    results are not counted.
+    A model sharded by FSDP2: see the module's docstring (``stand_in``).
     """
     was_training = model.training
     model.eval()
@@ -106,13 +107,8 @@ def evaluate(
             totals[name] = totals[name] + pair if name in totals else pair
         if extra:
             columns = list(extra)
-            unread = {b.index for b in bad}
-            positions = range(fetched, fetched + size + len(bad))
-            indices = [i for i in map(loader.sampler.global_index, positions) if i not in unread]
-            values = [extra[c].float().tolist() if extra[c].is_floating_point()
-                      else extra[c].tolist() for c in columns]  # fmt: skip
-            for index, row in zip(indices, zip(*values, strict=True), strict=True):
-                rows.append((index, *row))
+            rows += _prediction_rows(extra, loader, range(fetched, fetched + size + len(bad)),
+                                     {b.index for b in bad})  # fmt: skip
         fetched += size + len(bad)
     # A rank whose share is empty has no names: agree on them (in the task's order) first,
     # then one all-reduce. The unreadable samples come along.
@@ -136,6 +132,17 @@ def evaluate(
         columns=columns,
         skipped=[(rank, b) for rank, (_, part) in enumerate(gathered) for b in part],
     )
+
+
+def _prediction_rows(extra: dict[str, torch.Tensor], loader, positions: range,
+                     unread: set[int]) -> list[tuple]:  # fmt: skip
+    """``(index, *columns)`` of a batch's readable samples (``positions``: where the
+    sampler handed them out)."""
+    indices = [i for i in map(loader.sampler.global_index, positions) if i not in unread]
+    values = [extra[c].float().tolist() if extra[c].is_floating_point()
+              else extra[c].tolist() for c in extra]  # fmt: skip
+    return [(index, *row) for index, row in zip(indices, zip(*values, strict=True),
+                                                strict=True)]  # fmt: skip
 
 
 def _lockstep(loader, device: torch.device) -> Iterator[Any]:
