@@ -137,6 +137,7 @@ def test_fsdp2_trains_as_ddp_does(runs):
     # The uneven validation split (rank 0: 3 batches, rank 1: 2) counted every sample once.
     assert fsdp["final"]["evaluated_samples"] == RUN["val_samples"]
     difference = max_difference(weights(ddp), weights(fsdp))
+    print(f"largest weight difference, DDP and FSDP2: {difference:.3g}")  # with pytest -s
     assert difference < 1e-5, difference
 
 
@@ -150,6 +151,7 @@ def test_a_sharded_checkpoint_has_every_ranks_shard_and_no_whole_model(runs):
 
 @pytest.mark.ray
 def test_a_sharded_checkpoint_resumes_bit_identically_on_the_same_workers(runs):
+    assert [row["epoch"] for row in runs["again"]["history"]] == [2]  # resumed inside it
     again, fsdp = weights(runs["again"]), weights(runs["fsdp"])
     assert all(torch.equal(again[k], fsdp[k]) for k in fsdp), max_difference(again, fsdp)
     assert runs["again"]["history"][-1]["train_loss"] == runs["fsdp"]["history"][-1]["train_loss"]
@@ -159,7 +161,9 @@ def test_a_sharded_checkpoint_resumes_bit_identically_on_the_same_workers(runs):
 def test_a_sharded_checkpoint_resumes_resharded_on_one_worker(runs):
     one, fsdp = runs["one"], runs["fsdp"]
     assert one["world_size"] == 1 and one["global_batch_size"] == 64
+    assert [(row["epoch"], row["accum_steps"]) for row in one["history"]] == [(2, 4)]
     difference = max_difference(weights(one), weights(fsdp))
+    print(f"largest weight difference, resharded on 1 worker: {difference:.3g}")
     assert difference < 1e-6, difference
     assert one["history"][-1]["val_loss"] == pytest.approx(
         fsdp["history"][-1]["val_loss"], rel=1e-6
@@ -181,3 +185,25 @@ def test_evaluate_and_export_read_a_sharded_checkpoint(runs, tmp_path):
     # Plain models on 2 workers give the figures FSDP2's sharded evaluation gave.
     assert results["samples"] == RUN["val_samples"]
     assert results["metrics"]["loss"] == pytest.approx(fsdp["history"][-1]["val_loss"], rel=1e-6)
+
+
+@pytest.mark.ray
+def test_the_char_lm_example_trains_under_fsdp2_as_under_ddp(ray_session, storage):
+    """A transformer with tied input/output embeddings (both left to the root's shard
+    group; its blocks sharded each on its own), 4 SGD steps of 2 micro-batches."""
+    import ray_ddp
+    from examples.char_lm import CharLM
+
+    task = CharLM(report_samples=0)
+    common = dict(
+        num_workers=2, storage_path=storage, seed=0, epochs=1, max_steps=4, optimizer="sgd",
+        lr=0.3, warmup_steps=0, val_samples=64, batch_size=8, accum_steps=2, export=False,
+        tensorboard=False, progress_interval_s=0,
+    )  # fmt: skip
+    ddp = ray_ddp.fit(task, TrainConfig(name="lm-ddp", **common))
+    fsdp = ray_ddp.fit(task, TrainConfig(name="lm-fsdp", strategy="fsdp2", **common))
+    a = ray_ddp.load_model(ddp["latest_checkpoint"]).state_dict()
+    b = ray_ddp.load_model(fsdp["latest_checkpoint"]).state_dict()
+    print(f"largest weight difference, char LM: {max_difference(a, b):.3g}")
+    assert max_difference(a, b) < 1e-5, max_difference(a, b)
+    assert fsdp["final"]["val_loss"] == pytest.approx(ddp["final"]["val_loss"], rel=1e-5)

@@ -18,6 +18,7 @@ rank wrote its part of, with ``torch.distributed.checkpoint``, into ``shards/``.
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -289,7 +290,9 @@ def full_model_state(
     wanted = {"model": model.state_dict()}
     path = os.path.join(directory, SHARDS)
     try:
-        dcp.load(wanted, checkpoint_id=path, no_dist=True)
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(wanted, checkpoint_id=path, no_dist=True)
     except Exception as exc:  # a shard missing or unreadable
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot read the sharded model in {path}: {first_line}") from exc

@@ -23,13 +23,14 @@ from ray_ddp.data.order.continuation import order_change
 from ray_ddp.io.storage import list_checkpoints
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
+from ray_ddp.worker.sharding import load_shards
 from ray_ddp.worker.state import EpochSums, TrainProgress, TrainState
 
 
 @dataclass(frozen=True)
 class Restored:
     state: dict[str, Any]
-    """What ``checkpoint.load_state`` read."""
+    """What ``checkpoint.load_state`` read (a sharded checkpoint's ``state.pt``)."""
     source: str
     """Where from, for messages."""
     own: bool = False
@@ -129,7 +130,7 @@ def restore_training(
     if restored is None:
         return EpochSums(ledger=[] if ledger else None)
     saved = restored.state
-    notes = _restore_optimizer(saved, state, cfg)
+    notes = _restore_optimizer(restored, state, cfg)
     notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress.from_saved(saved["progress"])
     if saved["progress"].get("batch"):  # an older format's position, in another order
@@ -203,14 +204,17 @@ def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) 
     ]
 
 
-def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfig) -> list[str]:
-    notes = []
+def _restore_optimizer(restored: Restored, state: TrainState, cfg: TrainConfig) -> list[str]:
+    """The optimizer's state and the schedule's (and a sharded checkpoint's weights)."""
+    notes, saved = [], restored.state
     fresh = hyperparameters(state.optimizer)
     saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
-    if saved_kind == cfg.optimizer:
-        if not is_sharded(saved):  # a sharded one's is in its shards: read by then
-            state.optimizer.load_state_dict(saved["optimizer"])
-    else:  # AdamW's moments mean nothing to SGD (and the other way round)
+    if restored.directory is not None:  # sharded: every rank reads its slices of both
+        load_shards(restored.directory, state.model, state.optimizer, saved_kind == cfg.optimizer)
+        restored.release()
+    elif saved_kind == cfg.optimizer:
+        state.optimizer.load_state_dict(saved["optimizer"])
+    if saved_kind != cfg.optimizer:  # AdamW's moments mean nothing to SGD (and the other way round)
         notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
     changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler, fresh)

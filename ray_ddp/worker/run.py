@@ -62,7 +62,6 @@ from ray_ddp.worker.results import (
     write_ledger,
 )
 from ray_ddp.worker.resume import continue_epoch, find_restore_point, restore_training
-from ray_ddp.worker.sharding import load_shards
 from ray_ddp.worker.start import (
     announce,
     build_train_state,
@@ -146,7 +145,7 @@ class WorkerRun:
         if restored is not None:
             check_compatible(restored.state, self.meta, restored.source)
             check_strategy(restored.state, cfg.strategy, restored.source)
-            if not fsdp:
+            if not fsdp:  # a sharded checkpoint's weights: read into the shards, later
                 self.model.load_state_dict(restored.state["model"])
         channels_last = use_channels_last(cfg.channels_last, self.model, worker.device)
         flops = None
@@ -156,11 +155,6 @@ class WorkerRun:
         model = wrap_model(self.model, channels_last, cfg.compile,
                            (self.task, cfg.amp, worker) if fsdp else None)  # fmt: skip
         self.state = state = build_train_state(cfg, worker, self.task, model, self.data)
-        if fsdp and restored is not None:  # every rank reads the slices of its shards
-            self.watchdog.doing("start: reading the checkpoint's shards", slow=True)
-            same_optimizer = restored.state["config"].get("optimizer") == cfg.optimizer
-            load_shards(restored.directory, model, state.optimizer, same_optimizer)
-            restored.release()
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
         if restored is None or not restored.own:  # --resume-from's tracker run is not ours
