@@ -207,3 +207,26 @@ def test_the_char_lm_example_trains_under_fsdp2_as_under_ddp(ray_session, storag
     print(f"largest weight difference, char LM: {max_difference(a, b):.3g}")
     assert max_difference(a, b) < 1e-5, max_difference(a, b)
     assert fsdp["final"]["val_loss"] == pytest.approx(ddp["final"]["val_loss"], rel=1e-5)
+
+
+@pytest.mark.ray
+def test_a_tune_sweep_runs_under_fsdp2(ray_session, storage):
+    """One trial of jobs/tune.py with --strategy fsdp2 (2 workers x 0.9 CPU and the
+    trial's driver on 2 CPUs): its best checkpoint is sharded and loads like any."""
+    import json
+
+    from ray_ddp.driver.cli import tune_main
+
+    summary = os.path.join(storage, "sweep.json")
+    code = tune_main([
+        "--storage-path", storage, "--name", "fsdp-sweep", "--num-samples", "1",
+        "--lr-min", "1e-3", "--lr-max", "1e-2", "--batch-sizes", "16", "--epochs", "1",
+        "--train-samples", "320", "--val-samples", "65", "--num-workers", "2",
+        "--cpus-per-worker", "0.9", "--model", "small_cnn", "--strategy", "fsdp2",
+        "--summary-json", summary,
+    ])  # fmt: skip
+    assert code == 0
+    with open(summary) as file:
+        best = json.load(file)["best"]["best_checkpoint"]
+    assert load_state(best)["sharded"] == "dcp"
+    assert isinstance(load_model(best), nn.Module)
