@@ -6,7 +6,8 @@ SGD, accumulation 2 on 2 workers with clipping on, an uneven validation split): 
 FSDP2 uninterrupted; FSDP2 stopped at step 13 by ``--max-steps`` (inside epoch 2), then
 continued on 2 workers (the same sharded checkpoint, the same run) and on 1 worker
 (``--resume-from`` it: DCP reshards the 2 ranks' shards onto 1). The assertions share
-them. The refusals come first, without Ray.
+them. Then the char-LM example against DDP, and a one-trial Tune sweep. The refusals and
+the sharding rules come first, without Ray.
 
 Tolerances: FSDP2 reduce-scatters gradients where DDP all-reduces them and clips by a
 norm summed over shards, so DDP and FSDP2 agree to float rounding (1e-6 relative here),
@@ -32,7 +33,7 @@ from ray_ddp.checkpoint.format import (
     load_state,
 )
 from ray_ddp.config import ConfigError, TrainConfig, validate
-from ray_ddp.worker.sharding import default_blocks
+from ray_ddp.worker.sharding import bf16_policy, default_blocks
 
 TASK = "ray_ddp.image_classification:ImageClassification"
 
@@ -96,6 +97,12 @@ def test_the_default_blocks_are_the_items_of_the_outermost_containers():
     assert default_blocks(flat) == [flat.a, flat.b]  # children that hold parameters
     seq = nn.Sequential(nn.Linear(2, 2), nn.ReLU(), nn.Linear(2, 2))
     assert default_blocks(seq) == [seq[0], seq[2]]
+
+
+def test_bf16_is_fsdp2s_precision_policy_except_with_batchnorm():
+    plain = nn.Sequential(nn.Linear(2, 2), nn.LayerNorm(2))
+    assert bf16_policy(plain, "bf16") and not bf16_policy(plain, "off")
+    assert not bf16_policy(nn.Sequential(nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)), "bf16")
 
 
 # ------------------------------------------------------------------ on Ray

@@ -62,6 +62,7 @@ from ray_ddp.worker.results import (
     write_ledger,
 )
 from ray_ddp.worker.resume import continue_epoch, find_restore_point, restore_training
+from ray_ddp.worker.sharding import bf16_policy
 from ray_ddp.worker.start import (
     announce,
     build_train_state,
@@ -149,6 +150,8 @@ class WorkerRun:
                 self.model.load_state_dict(restored.state["model"])
         channels_last = use_channels_last(cfg.channels_last, self.model, worker.device)
         flops = None
+        # Under FSDP2, --amp bf16 is mostly its MixedPrecisionPolicy: then no autocast.
+        self.autocast = "off" if fsdp and bf16_policy(self.model, cfg.amp) else cfg.amp
         if fsdp:  # counted on a copy of the whole model, which sharding takes apart
             example = example_batch(self.data, worker.device, self.watchdog)
             flops = count_flops(cfg, worker, self.task, self.model, example, self.watchdog)
@@ -167,8 +170,6 @@ class WorkerRun:
                                       steps, self.partial)  # fmt: skip
         counted = cfg.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
         self.counter = attach_counter(model) if counted else None
-        # Under FSDP2, --amp bf16 is its MixedPrecisionPolicy (worker.sharding): no autocast.
-        self.autocast = "off" if fsdp else cfg.amp
         self.core = StepCore(state, self.task, self.autocast, worker.device, cfg.seed,
                              cfg.grad_clip, channels_last, worker.rank)  # fmt: skip
         mark("model wrapped, state restored", self.me)

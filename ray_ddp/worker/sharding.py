@@ -49,22 +49,32 @@ def _holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
 
 
+def bf16_policy(model: nn.Module, amp: str) -> bool:
+    """Whether ``--amp bf16`` is FSDP2's mixed-precision policy (bf16 parameters) rather
+    than autocast: not for a model with BatchNorm, whose running statistics stay fp32
+    buffers that a bf16 weight cannot be normalised with (autocast keeps the weights
+    fp32 and casts per operation instead)."""
+    batch_norm = any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    return amp == "bf16" and not batch_norm
+
+
 def shard_model(
     model: nn.Module, blocks: list[nn.Module], amp: str, device: torch.device, world_size: int
 ) -> nn.Module:
     """``fully_shard`` each of ``blocks`` and then ``model`` (in place; returned), over all
     ``world_size`` workers on ``device``'s type (``cuda`` with NCCL, ``cpu`` with gloo).
 
-    ``amp bf16`` is FSDP2's mixed precision: parameters gathered and computed in bf16,
-    gradients reduced and kept in fp32 against the fp32 shards the optimizer updates,
-    instead of autocast (which would cast the fp32 weights on every use)."""
+    ``amp bf16`` is FSDP2's mixed precision where :func:`bf16_policy` says so: parameters
+    gathered and computed in bf16, gradients reduced and kept in fp32 against the fp32
+    shards the optimizer updates, instead of autocast (which would all-gather fp32 weights
+    and cast them on every use)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world_size,))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        if amp == "bf16"
+        if bf16_policy(model, amp)
         else MixedPrecisionPolicy()
     )
     model.to(device)

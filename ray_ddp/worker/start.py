@@ -29,7 +29,7 @@ from ray_ddp.worker.flops import FlopRate, count_training_flops, flops_line, run
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
-from ray_ddp.worker.sharding import default_blocks, shard_model
+from ray_ddp.worker.sharding import bf16_policy, default_blocks, shard_model
 from ray_ddp.worker.state import TrainState
 
 
@@ -85,6 +85,12 @@ def wrap_model(
         task, amp, worker = fsdp
         blocks = task.fsdp_blocks(model)
         blocks = default_blocks(model) if blocks is None else list(blocks)
+        worker.log(
+            f"fsdp2: {len(blocks)} blocks and the rest of the model sharded over "
+            f"{worker.world_size} {'worker' if worker.world_size == 1 else 'workers'}, each "
+            f"holding 1/{worker.world_size} of the parameters, gradients and optimizer state"
+            + (" (bf16 compute, fp32 gradient reduction)" if bf16_policy(model, amp) else "")
+        )
         return shard_model(model, blocks, amp, worker.device, worker.world_size)
     model = ray.train.torch.prepare_model(model)
     return torch.compile(model) if compiled else model
