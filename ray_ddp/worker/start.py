@@ -85,10 +85,11 @@ def wrap_model(
         task, amp, worker = fsdp
         blocks = task.fsdp_blocks(model)
         blocks = default_blocks(model) if blocks is None else list(blocks)
+        n = worker.world_size
+        held = f"each holding 1/{n} of" if n > 1 else "1 worker: nothing to divide, it holds all"
         worker.log(
-            f"fsdp2: {len(blocks)} blocks and the rest of the model sharded over "
-            f"{worker.world_size} {'worker' if worker.world_size == 1 else 'workers'}, each "
-            f"holding 1/{worker.world_size} of the parameters, gradients and optimizer state"
+            f"fsdp2: {len(blocks)} blocks and the rest of the model sharded, {held} the "
+            "parameters, gradients and optimizer state"
             + (" (bf16 compute, fp32 gradient reduction)" if bf16_policy(model, amp) else "")
         )
         return shard_model(model, blocks, amp, worker.device, worker.world_size)
