@@ -71,6 +71,8 @@ def shard_model(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+    if device.type == "cuda":  # the mesh's device is the current one (as prepare_model sets)
+        torch.cuda.set_device(device)
     mesh = init_device_mesh(device.type, (world_size,))
     policy = (
         MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
