@@ -106,6 +106,25 @@ def test_bf16_is_fsdp2s_precision_policy_except_with_batchnorm():
     assert not bf16_policy(nn.Sequential(nn.Conv2d(1, 1, 1), nn.BatchNorm2d(1)), "bf16")
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_sharded_checkpoint_reads_into_a_plain_model_and_a_lost_shard_is_named(tmp_path):
+    """A DCP checkpoint of one process (no process group) stands in for the workers'."""
+    import torch.distributed.checkpoint as dcp
+
+    from ray_ddp.checkpoint.format import FORMAT_VERSION, full_model_state, write_state
+
+    torch.manual_seed(0)
+    trained, fresh = nn.Linear(3, 2), nn.Linear(3, 2)
+    dcp.save({"model": trained.state_dict()}, checkpoint_id=str(tmp_path / SHARDS), no_dist=True)
+    write_state(str(tmp_path), {"format_version": FORMAT_VERSION, "sharded": "dcp"})
+    state = load_state(str(tmp_path))
+    read = full_model_state(str(tmp_path), state, fresh)
+    assert all(torch.equal(read[k], v) for k, v in trained.state_dict().items())
+    os.remove(tmp_path / SHARDS / "__0_0.distcp")
+    with pytest.raises(CheckpointError, match="lacks __0_0.distcp: a rank's shard is lost"):
+        load_state(str(tmp_path))
+
+
 # ------------------------------------------------------------------ on Ray
 @pytest.fixture(scope="module")
 def runs(ray_session, tmp_path_factory):

@@ -190,7 +190,26 @@ def load_state(directory: str) -> dict[str, Any]:
         raise CheckpointError(f"cannot read {path}: {first_sentence}") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a ray_ddp checkpoint of format {FORMAT_VERSION}")
+    if is_sharded(state):
+        check_shards(directory)
     return state
+
+
+def check_shards(directory: str) -> None:
+    """A sharded checkpoint's ``shards/`` holds DCP's index and every file it names (one
+    per rank that wrote it); else the checkpoint is unusable (a resume then falls back to
+    an older one)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = os.path.join(directory, SHARDS)
+    try:
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception as exc:  # no index, or a truncated one
+        raise CheckpointError(f"{path} has no readable index of its shards ({exc})") from exc
+    named = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    missing = sorted(name for name in named if not os.path.isfile(os.path.join(path, name)))
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}: a rank's shard is lost")
 
 
 def load_checkpoint_state(path: str) -> dict[str, Any]:
