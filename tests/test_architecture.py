@@ -140,6 +140,7 @@ ADDED_SINCE_D86BDEA = {
         "--tracking-uri",
         "--experiment",
         "--profile-steps",
+        "--strategy",  # 31
     ],  # 29
     "tune": [
         "--checkpoint-mode",
@@ -148,6 +149,7 @@ ADDED_SINCE_D86BDEA = {
         "--tracking-uri",
         "--experiment",
         "--profile-steps",
+        "--strategy",  # 31
     ],  # 29
 }
 

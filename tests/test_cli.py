@@ -315,6 +315,7 @@ def _options(parser: argparse.ArgumentParser) -> set[str]:
 # benchmarks use these names, so none may change or go.
 TRAIN_FLAGS = {
     "-h", "--help", "--num-workers", "--cpus-per-worker", "--use-gpu", "--no-gpu", "--address",
+    "--strategy",
     "--placement-strategy", "--max-failures", "--wait-for-resources", "--epochs",
     "--batch-size", "--accum-steps", "--lr", "--optimizer", "--momentum", "--weight-decay",
     "--warmup-steps", "--min-lr-ratio", "--grad-clip", "--amp", "--seed", "--max-steps",

@@ -8,11 +8,17 @@ every rank's sums of a partial epoch, the config that produced it, and the task 
 builds the model with the facts it was built from (``task_meta``). It is always read
 with ``torch.load(weights_only=True)``: only tensors and plain Python values, never
 arbitrary pickled code.
+
+A run with ``--strategy fsdp2`` writes a sharded checkpoint: ``state.pt`` holds all of
+the above but the model and optimizer states (``"sharded": "dcp"`` says so), which every
+rank wrote its part of, with ``torch.distributed.checkpoint``, into ``shards/``.
+:func:`load_model` reads them into a plain model in one process all the same.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +30,10 @@ if TYPE_CHECKING:
     from ray_ddp.worker.state import EpochSums, TrainState
 
 STATE_FILE = "state.pt"
+SHARDS = "shards"
+"""A sharded checkpoint's folder of DCP files (``--strategy fsdp2``)."""
+SHARDED = "dcp"
+"""``state["sharded"]`` of a sharded checkpoint: how its model and optimizer are saved."""
 FORMAT_VERSION = 1
 
 
@@ -51,6 +61,19 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
         model = inner
 
 
+def is_fsdp(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is sharded by FSDP2 (``--strategy fsdp2``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def is_sharded(state: dict[str, Any]) -> bool:
+    """Whether a checkpoint's ``state.pt`` (what :func:`load_state` read) is of a sharded
+    checkpoint, whose model and optimizer states are in its ``shards/``."""
+    return state.get("sharded") == SHARDED
+
+
 # ------------------------------------------------------------------ save / load
 def state_of(
     state: TrainState,
@@ -66,10 +89,16 @@ def state_of(
     checkpoint, so the resumed epoch reports the same training loss (at any world size:
     only their totals matter)."""
     partial = epoch_partial or []
+    # A sharded model's and optimizer's states go to shards/, every rank its part.
+    whole = {"sharded": SHARDED}
+    if not is_fsdp(state.model):
+        whole = {
+            "model": unwrap(state.model).state_dict(),
+            "optimizer": state.optimizer.state_dict(),
+        }
     saved = {
         "format_version": FORMAT_VERSION,
-        "model": unwrap(state.model).state_dict(),
-        "optimizer": state.optimizer.state_dict(),
+        **whole,
         "scheduler": state.scheduler.state_dict(),
         "scaler": state.scaler.state_dict(),
         "progress": asdict(state.progress),
@@ -161,7 +190,26 @@ def load_state(directory: str) -> dict[str, Any]:
         raise CheckpointError(f"cannot read {path}: {first_sentence}") from exc
     if not isinstance(state, dict) or state.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path} is not a ray_ddp checkpoint of format {FORMAT_VERSION}")
+    if is_sharded(state):
+        check_shards(directory)
     return state
+
+
+def check_shards(directory: str) -> None:
+    """A sharded checkpoint's ``shards/`` holds DCP's index and every file it names (one
+    per rank that wrote it); else the checkpoint is unusable (a resume then falls back to
+    an older one)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = os.path.join(directory, SHARDS)
+    try:
+        metadata = FileSystemReader(path).read_metadata()
+    except Exception as exc:  # no index, or a truncated one
+        raise CheckpointError(f"{path} has no readable index of its shards ({exc})") from exc
+    named = {info.relative_path for info in (metadata.storage_data or {}).values()}
+    missing = sorted(name for name in named if not os.path.isfile(os.path.join(path, name)))
+    if missing:
+        raise CheckpointError(f"{path} lacks {', '.join(missing)}: a rank's shard is lost")
 
 
 def load_checkpoint_state(path: str) -> dict[str, Any]:
@@ -212,6 +260,17 @@ def check_compatible(state: dict[str, Any], meta: dict[str, Any], source: str) -
             )
 
 
+def check_strategy(state: dict[str, Any], strategy: str, source: str) -> None:
+    """Refuse a checkpoint saved by the other ``--strategy``: a sharded one holds no
+    whole-model state for DDP, and DDP's optimizer state is not FSDP2's."""
+    saved = "fsdp2" if is_sharded(state) else "ddp"
+    if saved != strategy:
+        raise CheckpointError(
+            f"{source} was saved with --strategy {saved}, this run has --strategy {strategy}; "
+            f"continue it with --strategy {saved}, or export its model and start a fresh --name"
+        )
+
+
 def list_or(value: Any) -> Any:
     return list(value) if isinstance(value, (tuple, list)) else value
 
@@ -232,8 +291,31 @@ def load_model(directory: str, task: Any = None) -> torch.nn.Module:
     meta = saved_task_meta(state)
     task = task if task is not None else load_task(meta["task"])
     model = task.model(saved_config(state), meta["facts"])
-    model.load_state_dict(state["model"])
+    model.load_state_dict(full_model_state(directory, state, model))
     return model.eval()
+
+
+def full_model_state(
+    directory: str, state: dict[str, Any], model: torch.nn.Module
+) -> dict[str, torch.Tensor]:
+    """The whole model's state dict of the checkpoint in local ``directory``
+    (``state``: its ``state.pt``); for a sharded one, every rank's shards gathered from
+    ``shards/`` in this process alone (no process group), into tensors shaped like
+    ``model``'s."""
+    if not is_sharded(state):
+        return state["model"]
+    import torch.distributed.checkpoint as dcp
+
+    wanted = {"model": model.state_dict()}
+    path = os.path.join(directory, SHARDS)
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process"
+            warnings.simplefilter("ignore", UserWarning)
+            dcp.load(wanted, checkpoint_id=path, no_dist=True)
+    except Exception as exc:  # a shard missing or unreadable
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read the sharded model in {path}: {first_line}") from exc
+    return wanted["model"]
 
 
 def saved_config(state: dict[str, Any]) -> Any:

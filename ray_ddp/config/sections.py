@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from ray_ddp.config.fields import NON_NEGATIVE, POSITIVE, Bound, option
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
+STRATEGIES = ("ddp", "fsdp2")
 DATASETS = ("synthetic", "cifar10", "mnist", "fashion-mnist", "imagefolder", "parquet")
 DATA_ENGINES = ("torch", "ray")
 PARQUET_READS = ("stream", "memory")
@@ -154,6 +155,13 @@ class Scaling:
     give --num-workers and --wait-for-resources: the GPU nodes are asked for and waited
     for); else CPU workers, and on a cluster a line says why. On an autoscaling cluster
     whose node types this driver cannot see, --use-gpu asks for GPU nodes."""
+    strategy: str = option("ddp", choices=STRATEGIES)
+    """How the model is spread over the workers. ``ddp``: every worker holds the whole
+    model, its gradients and optimizer state (fastest while they fit on one GPU).
+    ``fsdp2``: PyTorch's ``fully_shard``: each worker holds 1/N of them and gathers a
+    block's parameters only while computing it, for models larger than one GPU;
+    checkpoints are sharded (every worker writes its part) and resume at any worker
+    count. See docs/fsdp2.md."""
     address: str | None = option(None, resume_safe=True)
     """Ray cluster address to join (else RAY_ADDRESS, else a local Ray is started)."""
     placement_strategy: str = option(

@@ -206,6 +206,9 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             "--amp fp16 needs GPUs (GradScaler is CUDA-only); use --amp bf16 on CPU workers"
         )
+    problem = strategy_problem(cfg)
+    if problem:
+        raise ConfigError(problem)
     if cfg.task == BUILTIN_TASK and cfg.dataset != "synthetic" and not cfg.data_dir:
         raise ConfigError(f"--dataset {cfg.dataset} needs --data-dir DIR")
     if cfg.data_engine == "ray" and cfg.dataset not in ("parquet", "imagefolder"):
@@ -228,6 +231,21 @@ def validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"--name must be a plain directory name, got {cfg.name!r}")
     if not cfg.storage_path:
         raise ConfigError("--storage-path must not be empty")
+
+
+def strategy_problem(cfg: TrainConfig) -> str | None:
+    """What ``--strategy fsdp2`` cannot run with, as the line that refuses it; None if
+    nothing."""
+    if cfg.strategy != "fsdp2":
+        return None
+    if cfg.amp == "fp16":
+        return (
+            "--amp fp16 needs a GradScaler that knows sharded gradients, which --strategy "
+            "fsdp2 has not: use --amp bf16 (bf16 parameters, gradients reduced in fp32)"
+        )
+    if cfg.compile:
+        return "--compile is not supported with --strategy fsdp2 yet: drop --compile"
+    return None
 
 
 def tracking_problem(cfg: TrainConfig) -> str | None:

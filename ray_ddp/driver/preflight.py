@@ -14,6 +14,7 @@ from typing import Any
 from ray_ddp.checkpoint.format import (
     CheckpointError,
     check_compatible,
+    check_strategy,
     load_checkpoint_state,
     task_meta,
 )
@@ -70,6 +71,7 @@ def preflight(
         try:
             state = load_checkpoint_state(cfg.resume_from)
             check_compatible(state, prepared.meta(cfg), f"--resume-from {cfg.resume_from}")
+            check_strategy(state, cfg.strategy, f"--resume-from {cfg.resume_from}")
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from exc
         prepared = dataclasses.replace(prepared, resume_config=state.get("config"))

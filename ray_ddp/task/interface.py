@@ -155,6 +155,15 @@ class Task(abc.ABC):
         on biases and norms. Default: every parameter, with ``--weight-decay``."""
         return model.parameters()
 
+    def fsdp_blocks(self, model: nn.Module) -> list[nn.Module] | None:
+        """With ``--strategy fsdp2``: the submodules sharded each on its own before the
+        whole model (a transformer's layers): each one's parameters are gathered only
+        while it computes, so the fewer parameters a block holds, the less memory beyond
+        the shards. None (the default): every item holding parameters of the model's
+        outermost ``ModuleList``/``Sequential`` containers, else its children that hold
+        parameters."""
+        return None
+
     def random_samples(self, cfg: TrainConfig) -> bool:
         """Whether fetching a training sample draws torch random numbers (augmentation).
         If so (the default), each sample's draw is seeded from (seed, epoch, index) for an

@@ -20,14 +20,15 @@ from typing import Any
 
 import ray.train
 
-from ray_ddp.checkpoint.format import Snapshots, state_of, write_state
+from ray_ddp.checkpoint.format import Snapshots, is_fsdp, state_of, write_state
 from ray_ddp.compat.checkpoint_upload import async_upload_supported, report_async
 from ray_ddp.config import TrainConfig
 from ray_ddp.io import reporting
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
-from ray_ddp.worker.collectives import all_gather
+from ray_ddp.worker.collectives import all_gather, broadcast_buffers
 from ray_ddp.worker.identity import Worker, peak_memory
+from ray_ddp.worker.sharding import save_shards
 from ray_ddp.worker.state import EpochSums, TrainState
 from ray_ddp.worker.step import EpochPosition
 
@@ -160,6 +161,11 @@ def checkpoint_and_report(
     per_rank = [g["stats"] for g in gathered]
     if not metrics.get("mid_epoch"):
         metrics.update(reporting.balance(per_rank), **reporting.rank_timing(per_rank))
+    if is_fsdp(state.model):
+        _report_sharded(cfg, worker, state, meta, metrics, gathered, harness, before_report)
+        if writer is not None:
+            writer.blocked_s.append(time.perf_counter() - started)
+        return per_rank
     if not worker.is_main:
         ray.train.report(metrics)
         return per_rank
@@ -182,3 +188,39 @@ def checkpoint_and_report(
     if writer is not None:
         writer.blocked_s.append(time.perf_counter() - started)
     return per_rank
+
+
+def _report_sharded(
+    cfg: TrainConfig,
+    worker: Worker,
+    state: TrainState,
+    meta: dict[str, Any],
+    metrics: dict[str, Any],
+    gathered: list[dict[str, Any]],
+    harness: Harness,
+    before_report: Any,
+) -> None:
+    """``--strategy fsdp2``'s checkpoint: every rank writes its shard of the model and the
+    optimizer (DCP, a collective) into a directory of its own and reports it; Ray copies
+    them all into the one checkpoint directory, and registers it only once every rank's
+    report (after its upload) is in: never a checkpoint with a shard missing. Rank 0 adds
+    ``state.pt``, everything else (``checkpoint.format``). Synchronous, whatever
+    ``--checkpoint-mode`` says."""
+    directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
+    try:
+        # BatchNorm statistics are not sharded, and DCP saves one rank's copy of them,
+        # not necessarily rank 0's: every rank takes rank 0's first (what DDP saves, and
+        # what every rank evaluates with).
+        broadcast_buffers(state.model)
+        save_shards(directory, state.model, state.optimizer)
+        if worker.is_main:
+            if before_report is not None:
+                before_report(metrics)
+            partial = [g["sums"] for g in gathered]
+            rig.slow_checkpoint(harness)
+            write_state(directory, state_of(state, config=cfg.to_dict(), task_meta=meta,
+                                            world_size=worker.world_size,
+                                            epoch_partial=partial))  # fmt: skip
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)

@@ -4,6 +4,7 @@ Train for the run's latest checkpoint)."""
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import ray.train
 from ray_ddp.checkpoint.format import (
     CheckpointError,
     ResumeRefusedError,
+    is_sharded,
     load_checkpoint_state,
     load_state,
 )
@@ -21,17 +23,27 @@ from ray_ddp.data.order.continuation import order_change
 from ray_ddp.io.storage import list_checkpoints
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
+from ray_ddp.worker.sharding import load_shards
 from ray_ddp.worker.state import EpochSums, TrainProgress, TrainState
 
 
 @dataclass(frozen=True)
 class Restored:
     state: dict[str, Any]
-    """What ``checkpoint.load_state`` read."""
+    """What ``checkpoint.load_state`` read (a sharded checkpoint's ``state.pt``)."""
     source: str
     """Where from, for messages."""
     own: bool = False
     """One of this run's own checkpoints (not ``--resume-from``'s)."""
+    directory: str | None = None
+    """A sharded checkpoint's files (``--strategy fsdp2``), in a local directory: its
+    own where the storage is local, else a download of it (``temporary``)."""
+    temporary: bool = False
+
+    def release(self) -> None:
+        """Remove the downloaded copy of a sharded checkpoint, once its shards are read."""
+        if self.temporary and self.directory:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | None:
@@ -44,10 +56,13 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
     if checkpoint is None:
         if not resume_from:
             return None
-        return Restored(load_checkpoint_state(resume_from), resume_from)
+        state = load_checkpoint_state(resume_from)
+        if is_sharded(state):
+            return _with_shards(state, resume_from, ray.train.Checkpoint(resume_from))
+        return Restored(state, resume_from)
     fs = checkpoint.filesystem  # local or s3/gs alike
     try:
-        return Restored(_read(checkpoint), _shown(fs, checkpoint.path), own=True)
+        return _with_shards(_read(checkpoint), _shown(fs, checkpoint.path), checkpoint, own=True)
     except CheckpointError as exc:
         worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
     latest = checkpoint.path.rstrip("/")
@@ -60,7 +75,8 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
             worker.log(f"warning: {_shown(fs, path)} is unusable too ({exc})")
             continue
         worker.log(f"warning: resuming from the older checkpoint {_shown(fs, path)}")
-        return Restored(state, _shown(fs, path), own=True)
+        older_checkpoint = ray.train.Checkpoint(path, filesystem=fs)
+        return _with_shards(state, _shown(fs, path), older_checkpoint, own=True)
     raise CheckpointError(
         f"no usable checkpoint in {_shown(fs, run_dir)}; move the run aside or use a new --name"
     )
@@ -74,6 +90,20 @@ def _shown(fs, path: str) -> str:
     """``path`` on filesystem ``fs`` as a URI for messages (``s3://bucket/...``)."""
     scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
     return f"{scheme}://{path}" if scheme else path
+
+
+def _with_shards(
+    state: dict[str, Any], source: str, checkpoint: ray.train.Checkpoint, own: bool = False
+) -> Restored:
+    """``state`` restored from ``checkpoint``; a sharded one's files kept at hand for
+    ``sharding.load_shards``: where they are on local storage, else downloaded."""
+    if not is_sharded(state):
+        return Restored(state, source, own)
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        return Restored(state, source, own, directory=checkpoint.path)
+    return Restored(state, source, own, directory=checkpoint.to_directory(), temporary=True)
 
 
 def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
@@ -100,7 +130,7 @@ def restore_training(
     if restored is None:
         return EpochSums(ledger=[] if ledger else None)
     saved = restored.state
-    notes = _restore_optimizer(saved, state, cfg)
+    notes = _restore_optimizer(restored, state, cfg)
     notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress.from_saved(saved["progress"])
     if saved["progress"].get("batch"):  # an older format's position, in another order
@@ -174,13 +204,17 @@ def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) 
     ]
 
 
-def _restore_optimizer(saved: dict[str, Any], state: TrainState, cfg: TrainConfig) -> list[str]:
-    notes = []
+def _restore_optimizer(restored: Restored, state: TrainState, cfg: TrainConfig) -> list[str]:
+    """The optimizer's state and the schedule's (and a sharded checkpoint's weights)."""
+    notes, saved = [], restored.state
     fresh = hyperparameters(state.optimizer)
     saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
-    if saved_kind == cfg.optimizer:
+    if restored.directory is not None:  # sharded: every rank reads its slices of both
+        load_shards(restored.directory, state.model, state.optimizer, saved_kind == cfg.optimizer)
+        restored.release()
+    elif saved_kind == cfg.optimizer:
         state.optimizer.load_state_dict(saved["optimizer"])
-    else:  # AdamW's moments mean nothing to SGD (and the other way round)
+    if saved_kind != cfg.optimizer:  # AdamW's moments mean nothing to SGD (and the other way round)
         notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
     changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler, fresh)

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ray_ddp.checkpoint.format import check_compatible, task_meta, unwrap
+from ray_ddp.checkpoint.format import check_compatible, check_strategy, task_meta, unwrap
 from ray_ddp.config import TrainConfig
 from ray_ddp.config.sections import step_range
 from ray_ddp.data.seeding import seed_initial_weights
@@ -62,6 +62,7 @@ from ray_ddp.worker.results import (
     write_ledger,
 )
 from ray_ddp.worker.resume import continue_epoch, find_restore_point, restore_training
+from ray_ddp.worker.sharding import bf16_policy
 from ray_ddp.worker.start import (
     announce,
     build_train_state,
@@ -104,7 +105,9 @@ class WorkerRun:
         self.restored = find_restore_point(cfg.resume_from, worker)
         # From here on a rank that stops making progress is found (--hang-timeout).
         self.watchdog = start_watchdog(cfg, worker, self.attempt)
-        self.writer = CheckpointWriter(cfg.checkpoint_mode, worker.log)
+        # Sharded checkpoints (--strategy fsdp2) are written by every rank, synchronously.
+        mode = "sync" if cfg.strategy == "fsdp2" else cfg.checkpoint_mode
+        self.writer = CheckpointWriter(mode, worker.log)
         # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
         self.reclaims = reclaims = PreemptionWatch(
             cfg.preemption_check_steps if notices else 0, worker.log, self.writer.idle.wait,
@@ -139,11 +142,21 @@ class WorkerRun:
         """Load the restore point's weights, wrap the model, build the optimizer and
         schedule and restore them; then say what the run is and count its FLOPs."""
         cfg, worker, restored = self.cfg, self.worker, self.restored
+        fsdp = cfg.strategy == "fsdp2"
         if restored is not None:
             check_compatible(restored.state, self.meta, restored.source)
-            self.model.load_state_dict(restored.state["model"])
+            check_strategy(restored.state, cfg.strategy, restored.source)
+            if not fsdp:  # a sharded checkpoint's weights: read into the shards, later
+                self.model.load_state_dict(restored.state["model"])
         channels_last = use_channels_last(cfg.channels_last, self.model, worker.device)
-        model = wrap_model(self.model, channels_last, cfg.compile)
+        flops = None
+        # Under FSDP2, --amp bf16 is mostly its MixedPrecisionPolicy: then no autocast.
+        self.autocast = "off" if fsdp and bf16_policy(self.model, cfg.amp) else cfg.amp
+        if fsdp:  # counted on a copy of the whole model, which sharding takes apart
+            example = example_batch(self.data, worker.device, self.watchdog)
+            flops = count_flops(cfg, worker, self.task, self.model, example, self.watchdog)
+        model = wrap_model(self.model, channels_last, cfg.compile,
+                           (self.task, cfg.amp, worker) if fsdp else None)  # fmt: skip
         self.state = state = build_train_state(cfg, worker, self.task, model, self.data)
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
@@ -155,9 +168,10 @@ class WorkerRun:
         # epoch restarts).
         self.partial = continue_epoch(restored, state, worker, cfg, self.data.order_record,
                                       steps, self.partial)  # fmt: skip
-        self.counter = attach_counter(model) if cfg.comm_stats and is_distributed() else None
-        self.core = StepCore(state, self.task, cfg.amp, worker.device, cfg.seed, cfg.grad_clip,
-                             channels_last, worker.rank)  # fmt: skip
+        counted = cfg.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
+        self.counter = attach_counter(model) if counted else None
+        self.core = StepCore(state, self.task, self.autocast, worker.device, cfg.seed,
+                             cfg.grad_clip, channels_last, worker.rank)  # fmt: skip
         mark("model wrapped, state restored", self.me)
         self.ranks = rank_rows(worker)
         announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
@@ -165,9 +179,10 @@ class WorkerRun:
         if self.tracker is not None:
             self.tracker.params(tracker_params(cfg, worker, self.task, self.data))
         mark("rank table, logs", self.me)
-        example = example_batch(self.data, worker.device, self.watchdog)
+        if not fsdp:
+            example = example_batch(self.data, worker.device, self.watchdog)
+            flops = count_flops(cfg, worker, self.task, model, example, self.watchdog)
         self.core.stand_in = example
-        flops = count_flops(cfg, worker, self.task, model, example, self.watchdog)
         self.so_far = RunSoFar(flops=flops)
         mark("FLOPs counted", self.me)
 
@@ -305,7 +320,8 @@ class WorkerRun:
         then = "evaluation: all-reduce of the sums"
         batches = watched(self.data.val_loader, "evaluation", self.watchdog, then=then)
         with explain_oom(self.cfg, self.worker, "evaluation"):
-            return evaluate(model, batches, self.worker.device, self.task, self.cfg.amp)
+            return evaluate(model, batches, self.worker.device, self.task, self.autocast,
+                            stand_in=self.core.stand_in)  # fmt: skip
 
     def end_epoch(
         self, epoch: int, trained: EpochTrained, evaluated: EvalResult, before: tuple[int, int]

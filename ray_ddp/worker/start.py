@@ -29,6 +29,7 @@ from ray_ddp.worker.flops import FlopRate, count_training_flops, flops_line, run
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
+from ray_ddp.worker.sharding import bf16_policy, default_blocks, shard_model
 from ray_ddp.worker.state import TrainState
 
 
@@ -65,12 +66,33 @@ def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> Watchd
     ).start()
 
 
-def wrap_model(model: torch.nn.Module, channels_last: bool, compiled: bool) -> torch.nn.Module:
+def wrap_model(
+    model: torch.nn.Module,
+    channels_last: bool,
+    compiled: bool,
+    fsdp: tuple[Task, str, Worker] | None = None,
+) -> torch.nn.Module:
     """NHWC if asked, then DDP (with more than one worker) on this worker's device, then
     torch.compile if asked: compiling the DDP module lets its graph break at the gradient
-    buckets, which keeps the all-reduces overlapping the backward."""
+    buckets, which keeps the all-reduces overlapping the backward.
+
+    ``fsdp`` (``--strategy fsdp2``: the task, ``--amp``, the worker): FSDP2 instead of
+    DDP, on every worker count (one included, so that checkpoints are always sharded),
+    sharding the task's blocks and then the root (``worker.sharding``)."""
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if fsdp is not None:
+        task, amp, worker = fsdp
+        blocks = task.fsdp_blocks(model)
+        blocks = default_blocks(model) if blocks is None else list(blocks)
+        n = worker.world_size
+        held = f"each holding 1/{n} of" if n > 1 else "1 worker: nothing to divide, it holds all"
+        worker.log(
+            f"fsdp2: {len(blocks)} blocks and the rest of the model sharded, {held} the "
+            "parameters, gradients and optimizer state"
+            + (" (bf16 compute, fp32 gradient reduction)" if bf16_policy(model, amp) else "")
+        )
+        return shard_model(model, blocks, amp, worker.device, worker.world_size)
     model = ray.train.torch.prepare_model(model)
     return torch.compile(model) if compiled else model
 

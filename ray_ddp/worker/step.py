@@ -2,7 +2,8 @@
 
 ``StepCore`` is the machine-learning core, in one place: each micro-batch's forward under
 autocast and its backward weighted by its share of the step's samples, under DDP's
-``no_sync`` but on the rank's last micro-batch of the step; then clipping the true
+``no_sync`` (FSDP2's ``set_requires_gradient_sync(False)``) but on the rank's last
+micro-batch of the step; then clipping the true
 (unscaled) gradients, the optimizer step through the GradScaler, and zeroing.
 
 ``train_segment`` feeds it the micro-batches the epoch's order gives this rank, from a
@@ -17,6 +18,7 @@ Ray; the process group, if any, is torch.distributed's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ray_ddp.checkpoint.format import is_fsdp
 from ray_ddp.data.order.global_order import EpochPlan, GlobalOrderBatches, Slot
 from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import BadSamplesError, take_skipped
@@ -31,6 +34,7 @@ from ray_ddp.task import Task, map_tensors
 from ray_ddp.worker.collectives import world_size
 from ray_ddp.worker.optim import optimizer_step
 from ray_ddp.worker.precision import autocast
+from ray_ddp.worker.sharding import no_gradient_sync
 from ray_ddp.worker.state import EpochSums, TrainState
 
 if TYPE_CHECKING:
@@ -69,7 +73,11 @@ class StepCore:
 
     def __post_init__(self) -> None:
         self.no_sync = getattr(self.state.model, "no_sync", None)  # no DDP with one worker
-        self.ranks = world_size()  # DDP averages the ranks' gradients: each weighs by its share
+        if is_fsdp(self.state.model):  # FSDP2's own switch, the same idea
+            self.no_sync = functools.partial(no_gradient_sync, self.state.model)
+        # DDP's all-reduce and FSDP2's reduce-scatter average the ranks' gradients: each
+        # weighs by its share.
+        self.ranks = world_size()
 
     def backward(self, batch, slot: Slot, weight: float, step: int, observer: StepObserver):
         """Forward and backward of one micro-batch of optimizer step ``step`` (counted over
@@ -97,6 +105,8 @@ class StepCore:
         state = self.state
         if self.grad_clip > 0:
             state.scaler.unscale_(state.optimizer)  # clip the true gradients, not scaled ones
+            # Under FSDP2 the gradients are DTensor shards: the norm is computed over every
+            # rank's (a collective), so each clips by the whole model's norm.
             torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip)
         applied = optimizer_step(state.optimizer, state.scaler, state.scheduler)
         state.optimizer.zero_grad(set_to_none=True)
