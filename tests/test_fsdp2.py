@@ -6,8 +6,10 @@ SGD, accumulation 2 on 2 workers with clipping on, an uneven validation split): 
 FSDP2 uninterrupted; FSDP2 stopped at step 13 by ``--max-steps`` (inside epoch 2), then
 continued on 2 workers (the same sharded checkpoint, the same run) and on 1 worker
 (``--resume-from`` it: DCP reshards the 2 ranks' shards onto 1). The assertions share
-them. Then the char-LM example against DDP, and a one-trial Tune sweep. The refusals and
-the sharding rules come first, without Ray.
+them. The refusals and the sharding rules come first, without Ray. (Elsewhere, on runs
+those modules make anyway: the char-LM example under FSDP2 against DDP in
+test_example_char_lm, a Tune sweep whose trials write sharded checkpoints to S3 in
+test_s3_storage.)
 
 Tolerances: FSDP2 reduce-scatters gradients where DDP all-reduces them and clips by a
 norm summed over shards, so DDP and FSDP2 need only agree to float rounding (measured: 0
@@ -212,48 +214,3 @@ def test_evaluate_and_export_read_a_sharded_checkpoint(runs, tmp_path):
     # Plain models on 2 workers give the figures FSDP2's sharded evaluation gave.
     assert results["samples"] == RUN["val_samples"]
     assert results["metrics"]["loss"] == pytest.approx(fsdp["history"][-1]["val_loss"], rel=1e-6)
-
-
-@pytest.mark.ray
-def test_the_char_lm_example_trains_under_fsdp2_as_under_ddp(ray_session, storage):
-    """A transformer with tied input/output embeddings (both left to the root's shard
-    group; its blocks sharded each on its own), 4 SGD steps of 2 micro-batches."""
-    import ray_ddp
-    from examples.char_lm import CharLM
-
-    task = CharLM(report_samples=0)
-    common = dict(
-        num_workers=2, storage_path=storage, seed=0, epochs=1, max_steps=4, optimizer="sgd",
-        lr=0.3, warmup_steps=0, val_samples=64, batch_size=8, accum_steps=2, export=False,
-        tensorboard=False, progress_interval_s=0,
-    )  # fmt: skip
-    ddp = ray_ddp.fit(task, TrainConfig(name="lm-ddp", **common))
-    fsdp = ray_ddp.fit(task, TrainConfig(name="lm-fsdp", strategy="fsdp2", **common))
-    a = ray_ddp.load_model(ddp["latest_checkpoint"]).state_dict()
-    b = ray_ddp.load_model(fsdp["latest_checkpoint"]).state_dict()
-    print(f"largest weight difference, char LM: {max_difference(a, b):.3g}")
-    assert max_difference(a, b) < 1e-5, max_difference(a, b)
-    assert fsdp["final"]["val_loss"] == pytest.approx(ddp["final"]["val_loss"], rel=1e-5)
-
-
-@pytest.mark.ray
-def test_a_tune_sweep_runs_under_fsdp2(ray_session, storage):
-    """One trial of jobs/tune.py with --strategy fsdp2 (2 workers x 0.9 CPU and the
-    trial's driver on 2 CPUs): its best checkpoint is sharded and loads like any."""
-    import json
-
-    from ray_ddp.driver.cli import tune_main
-
-    summary = os.path.join(storage, "sweep.json")
-    code = tune_main([
-        "--storage-path", storage, "--name", "fsdp-sweep", "--num-samples", "1",
-        "--lr-min", "1e-3", "--lr-max", "1e-2", "--batch-sizes", "16", "--epochs", "1",
-        "--train-samples", "320", "--val-samples", "65", "--num-workers", "2",
-        "--cpus-per-worker", "0.9", "--model", "small_cnn", "--strategy", "fsdp2",
-        "--summary-json", summary,
-    ])  # fmt: skip
-    assert code == 0
-    with open(summary) as file:
-        best = json.load(file)["best"]["best_checkpoint"]
-    assert load_state(best)["sharded"] == "dcp"
-    assert isinstance(load_model(best), nn.Module)

@@ -382,7 +382,9 @@ def test_a_sweep_of_the_tabular_example_on_s3_ranks_by_mae_and_its_name_is_then_
     """Two trials of the worked example ``examples.tabular_regression`` at once (1 worker
     x 0.9 CPU + 0.1 for each trial's driver on 2 CPUs), ranked by validation MAE (the
     task's best_metric); Tune's state, the trials' checkpoints, results.csv and sweep.png
-    land on S3 and the best checkpoint is a full URI; the same --name again is refused."""
+    land on S3 and the best checkpoint is a full URI; the same --name again is refused.
+    The trials run under ``--strategy fsdp2``: a sweep of sharded runs, whose checkpoints
+    (DCP's shards and index beside state.pt) go to S3 and load back from it."""
     from examples.make_tabular_data import write_friedman
     from examples.tabular_regression import TabularMLP
     from ray_ddp.checkpoint.format import load_model
@@ -396,6 +398,7 @@ def test_a_sweep_of_the_tabular_example_on_s3_ranks_by_mae_and_its_name_is_then_
         "--lr-min", "1e-3", "--lr-max", "3e-2", "--batch-sizes", "32,64", "--no-early-stop",
         "--epochs", "2", "--seed", "0", "--num-workers", "1", "--cpus-per-worker", "0.9",
         "--no-tensorboard", "--summary-json", f"s3://{BUCKET}/sweeps/tabular.json",
+        "--strategy", "fsdp2",
     ]  # fmt: skip
     assert tune_main(argv) == 0, capsys.readouterr().err
     sweep_dir = f"s3://{BUCKET}/sweeps/tabular"
@@ -414,6 +417,7 @@ def test_a_sweep_of_the_tabular_example_on_s3_ranks_by_mae_and_its_name_is_then_
     best = summary["best"]["best_checkpoint"]
     assert best.startswith(f"{sweep_dir}/train/") and "/checkpoint_" in best, best
     assert storage.exists(storage.join(best, "state.pt"))
+    assert {"shards/.metadata", "shards/__0_0.distcp"} <= set(_keys(best))  # sharded, 1 rank
     assert best in storage.read_text(storage.join(sweep_dir, "results.csv"))
     assert isinstance(load_model(best), TabularMLP)
     capsys.readouterr()
