@@ -136,18 +136,10 @@ class PreemptionWatch:
         another step and a checkpoint still fit before it; else checkpoint here and hold
         after; and where not even a checkpoint fits, hold now."""
         assert self.insured is not None and self.deadline is not None
-        step_s = statistics.median(self.steps_s) if self.steps_s else 0.0
         if self.checkpoint_s is None:  # the notice's checkpoint, written and registered
             self.registered(self.deadline - time.time())
-            self.checkpoint_s = max(0.0, time.perf_counter() - self.insured[1] - step_s)
-        left = self.deadline - time.time()
-        if left < self.checkpoint_s + self.margin_s:
-            decision = HOLD
-        elif left < step_s + self.checkpoint_s + self.margin_s:
-            decision = CHECKPOINT_AND_HOLD
-        else:
-            decision = TRAIN_ON
-        decision = all_gather(decision)[0] if is_distributed() else decision  # rank 0's
+            self.checkpoint_s = max(0.0, time.perf_counter() - self.insured[1] - self._step_s())
+        decision = self._decide()
         if decision == TRAIN_ON:
             return False
         self.final, self.hold_due = step, True
@@ -166,16 +158,29 @@ class PreemptionWatch:
         another step and a checkpoint no longer fit before the deadline, hold after it
         rather than train a step that would be lost with the node."""
         closing = self.insured is not None and self.final is None and not self.hold_due
-        if closing and self.deadline is not None and self.checkpoint_s is not None:
-            step_s = statistics.median(self.steps_s) if self.steps_s else 0.0
-            left = self.deadline - time.time()
-            fits = left >= step_s + self.checkpoint_s + self.margin_s
-            decision = TRAIN_ON if fits else CHECKPOINT_AND_HOLD
-            decision = all_gather(decision)[0] if is_distributed() else decision  # rank 0's
-            if decision != TRAIN_ON:
-                self.final, self.hold_due = step, True
-                self.log(f"last checkpoint before the deadline: at step {step}")
+        measured = self.deadline is not None and self.checkpoint_s is not None
+        if closing and measured and self._decide() != TRAIN_ON:  # this checkpoint is the last
+            self.final, self.hold_due = step, True
+            self.log(f"last checkpoint before the deadline: at step {step}")
         self.hold_if_due(step)
+
+    def _step_s(self) -> float:
+        """A step's time: the median of the last intervals between two boundaries."""
+        return statistics.median(self.steps_s) if self.steps_s else 0.0
+
+    def _decide(self) -> int:
+        """Rank 0's decision, which every rank follows (one small collective): train on
+        while another step and a checkpoint still fit before the deadline; else checkpoint
+        and hold; where not even a checkpoint fits, hold now."""
+        assert self.deadline is not None and self.checkpoint_s is not None
+        left = self.deadline - time.time()
+        if left < self.checkpoint_s + self.margin_s:
+            decision = HOLD
+        elif left < self._step_s() + self.checkpoint_s + self.margin_s:
+            decision = CHECKPOINT_AND_HOLD
+        else:
+            decision = TRAIN_ON
+        return all_gather(decision)[0] if is_distributed() else decision  # rank 0's
 
     def hold_if_due(self, step: int) -> None:
         """After the last checkpoint before the deadline (``hold_due``): wait until it is
