@@ -141,7 +141,8 @@ def checkpoint_and_report(
     before_report: Any = None,
 ) -> list[dict[str, Any]]:
     """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
-    at this optimizer-step boundary, synchronously or through ``writer``. Returns every
+    at this optimizer-step boundary, synchronously or through ``writer`` (a sharded
+    model's: every rank attaches its shard, and rank 0 the rest, synchronously). Returns every
     rank's speed, memory and ``timing`` (its epoch's data wait and ready time,
     ``EpochTiming.summary``). ``before_report(metrics)``: rank 0's, with the metrics
     complete, before Ray has them (after the report, a Tune trial may be stopped)."""
@@ -161,27 +162,30 @@ def checkpoint_and_report(
     per_rank = [g["stats"] for g in gathered]
     if not metrics.get("mid_epoch"):
         metrics.update(reporting.balance(per_rank), **reporting.rank_timing(per_rank))
-    if is_fsdp(state.model):
-        _report_sharded(cfg, worker, state, meta, metrics, gathered, harness, before_report)
-        if writer is not None:
-            writer.blocked_s.append(time.perf_counter() - started)
-        return per_rank
-    if not worker.is_main:
+    sharded = is_fsdp(state.model)  # --strategy fsdp2: every rank writes its shard
+    if not worker.is_main and not sharded:
         ray.train.report(metrics)
         return per_rank
-    if before_report is not None:
-        before_report(metrics)
-    partial = [g["sums"] for g in gathered]
-    saved = state_of(state, config=cfg.to_dict(), task_meta=meta,
-                     world_size=worker.world_size, epoch_partial=partial)  # fmt: skip
-    if writer is not None and writer.asynchronous:
+    saved = None
+    if worker.is_main:
+        if before_report is not None:
+            before_report(metrics)
+        partial = [g["sums"] for g in gathered]
+        saved = state_of(state, config=cfg.to_dict(), task_meta=meta,
+                         world_size=worker.world_size, epoch_partial=partial)  # fmt: skip
+    if writer is not None and writer.asynchronous:  # never sharded (WorkerRun)
         writer.write(metrics, saved, harness, cfg.run_dir)
     else:
         directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
-        rig.slow_checkpoint(harness)
         try:
-            write_state(directory, saved)
-            # SYNC upload: the checkpoint is in storage when report returns.
+            if sharded:
+                _write_shards(directory, state)
+            if saved is not None:
+                rig.slow_checkpoint(harness)
+                write_state(directory, saved)
+            # SYNC upload: the checkpoint is in storage when report returns. Sharded: Ray
+            # copies every rank's files into the one checkpoint and registers it only once
+            # every rank's report is in (never a checkpoint with a shard missing).
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
         finally:
             shutil.rmtree(directory, ignore_errors=True)
@@ -190,37 +194,12 @@ def checkpoint_and_report(
     return per_rank
 
 
-def _report_sharded(
-    cfg: TrainConfig,
-    worker: Worker,
-    state: TrainState,
-    meta: dict[str, Any],
-    metrics: dict[str, Any],
-    gathered: list[dict[str, Any]],
-    harness: Harness,
-    before_report: Any,
-) -> None:
-    """``--strategy fsdp2``'s checkpoint: every rank writes its shard of the model and the
-    optimizer (DCP, a collective) into a directory of its own and reports it; Ray copies
-    them all into the one checkpoint directory, and registers it only once every rank's
-    report (after its upload) is in: never a checkpoint with a shard missing. Rank 0 adds
-    ``state.pt``, everything else (``checkpoint.format``). Synchronous, whatever
-    ``--checkpoint-mode`` says."""
-    directory = tempfile.mkdtemp(prefix="ray_ddp_ckpt_")
-    try:
-        # BatchNorm statistics are not sharded, and DCP saves one rank's copy of them,
-        # not necessarily rank 0's: every rank takes rank 0's first (what DDP saves, and
-        # what every rank evaluates with).
-        broadcast_buffers(state.model)
-        save_shards(directory, state.model, state.optimizer)
-        if worker.is_main:
-            if before_report is not None:
-                before_report(metrics)
-            partial = [g["sums"] for g in gathered]
-            rig.slow_checkpoint(harness)
-            write_state(directory, state_of(state, config=cfg.to_dict(), task_meta=meta,
-                                            world_size=worker.world_size,
-                                            epoch_partial=partial))  # fmt: skip
-        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
+def _write_shards(directory: str, state: TrainState) -> None:
+    """``--strategy fsdp2``: this rank's shard of the model and the optimizer (DCP, a
+    collective) into ``directory``; rank 0's ``state.pt`` (``checkpoint.format``) holds
+    everything else. Written synchronously, whatever ``--checkpoint-mode`` says."""
+    # BatchNorm statistics are not sharded, and DCP saves one rank's copy of them, not
+    # necessarily rank 0's: every rank takes rank 0's first (what DDP saves, and what
+    # every rank evaluates with).
+    broadcast_buffers(state.model)
+    save_shards(directory, state.model, state.optimizer)
