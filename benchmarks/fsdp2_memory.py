@@ -27,19 +27,20 @@ import argparse
 import json
 import os
 import resource
-import socket
-import statistics
 import sys
 import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+for path in (ROOT, os.path.join(ROOT, "tests")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
+from common import paired_figures, write_report  # noqa: E402 - benchmarks/ is on the path
+from ports import free_port  # noqa: E402 - tests/ is on the path
 from torch import nn  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
@@ -146,15 +147,9 @@ def worker(rank: int, world: int, port: str, case: dict, out: str) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
 def run_case(case: dict, world: int) -> list[dict]:
     out = tempfile.mkdtemp(prefix="fsdp2_bench_")
-    mp.spawn(worker, args=(world, free_port(), case, out), nprocs=world)
+    mp.spawn(worker, args=(world, str(free_port()), case, out), nprocs=world)
     return [json.load(open(os.path.join(out, f"{r}.json"))) for r in range(world)]
 
 
@@ -187,7 +182,8 @@ def main() -> None:
         print("samples/s", {k: round(v[-1], 1) for k, v in speeds.items()}, flush=True)
 
     parameters = memory["ddp", 1][0]["parameters"]
-    ratios = [f / d for f, d in zip(speeds["fsdp2"], speeds["ddp"], strict=True)]
+    pairs = [{"on": f, "off": d} for f, d in zip(speeds["fsdp2"], speeds["ddp"], strict=True)]
+    figures = paired_figures(pairs)  # on: FSDP2, off: DDP
     rows = []
     for (strategy, world), ranks in memory.items():
         for r in ranks:
@@ -200,14 +196,12 @@ def main() -> None:
         "memory": rows,
         "samples_per_s": speeds,
         "ratio_fsdp2_over_ddp": {
-            "median": statistics.median(ratios),
-            "min": min(ratios),
-            "max": max(ratios),
-            "pairs": ratios,
+            "median": figures["ratio_median"],
+            "min": figures["ratio_min"],
+            "max": figures["ratio_max"],
+            "pairs": [p["on"] / p["off"] for p in pairs],
         },
     }
-    with open(args.out + ".json", "w") as file:
-        json.dump(result, file, indent=2)
     lines = [
         f"# FSDP2 against DDP: per-rank training state and speed ({parameters / 1e6:.1f}M "
         f"parameters, AdamW, fp32, CPU/gloo)",
@@ -236,9 +230,7 @@ def main() -> None:
         f"{ratio['median']:.2f} (pairs from {ratio['min']:.2f} to {ratio['max']:.2f}).",
         "",
     ]
-    with open(args.out + ".md", "w") as file:
-        file.write("\n".join(lines))
-    print("\n".join(lines))
+    write_report(os.path.dirname(args.out), os.path.basename(args.out), result, "\n".join(lines))
 
 
 if __name__ == "__main__":
