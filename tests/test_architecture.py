@@ -84,14 +84,17 @@ def test_every_private_ray_name_compat_uses_is_where_it_was(name):
         assert name.parameters() == name.params, f"{name.module}:{name.name} changed"
 
 
-def test_the_lean_trainer_repeats_the_stock_method_of_this_ray():
+def test_compat_repeats_the_stock_methods_of_this_ray():
     version = versions.ray_version()
     if version not in versions.VERIFIED_RAY:
         pytest.skip(f"Ray {version}: the stock trainer runs")
-    assert apis.stock_source_digest() == apis.STOCK_SOURCE[version], (
-        "DataParallelTrainer._initialize_and_run_controller changed: read it against "
-        "ray_ddp/compat/lean_trainer.py before trusting this Ray"
+    digests, pinned = apis.stock_source_digests(), apis.STOCK_SOURCE[version]
+    changed = [name for name, digest in pinned.items() if digests[name] != digest]
+    assert not changed, (
+        f"{changed} changed: read them against ray_ddp/compat/lean_trainer.py and "
+        "torch_backend.py before trusting this Ray"
     )
+    assert set(digests) == set(pinned)
 
 
 def test_another_ray_or_the_switch_gets_the_stock_trainer(monkeypatch, capsys):
@@ -169,3 +172,37 @@ def test_the_jobs_flags_are_those_before_the_redesign():
         "evaluate": _flags(evaluate_parser()),
     }
     assert now == before
+
+
+def test_what_the_train_controller_unpickles_imports_no_torch():
+    """The controller imports the modules of its class, its backend settings and its
+    callbacks; none may import torch (``ray_ddp/compat/local_controller.py``). The Ray test
+    ``test_training.py::test_a_local_run_starts_only_the_actors_it_uses`` checks a real
+    controller's process."""
+    modules = [
+        "ray_ddp.compat.local_controller",
+        "ray_ddp.compat.torch_backend",
+        "ray_ddp.reliability.retry_policy",
+        "ray.tune.integration.ray_train",
+    ]
+    code = (
+        f"import sys\nfor m in {modules!r}: __import__(m)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')[:3])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_the_lean_backend_takes_ray_s_plain_torch_config_only():
+    from ray.train.torch import TorchConfig
+
+    from ray_ddp.compat.torch_backend import LeanTorchBackend, LeanTorchConfig
+
+    lean = LeanTorchConfig.of(TorchConfig(backend=None, timeout_s=99))
+    assert lean == LeanTorchConfig(backend=None, init_method="env", timeout_s=99)
+    assert lean.to_dict() == TorchConfig(backend=None, timeout_s=99).to_dict()
+    assert lean.backend_cls is LeanTorchBackend and LeanTorchBackend.share_cuda_visible_devices
+    assert lean.train_func_context is TorchConfig().train_func_context
+    assert lean.framework == TorchConfig().framework
+    tpu = TorchConfig(backend="tpu_dist")
+    assert LeanTorchConfig.of(tpu) is tpu

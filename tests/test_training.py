@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 
 import pytest
 import torch
@@ -24,8 +25,10 @@ pytestmark = pytest.mark.ray
 BASE = dict(num_workers=2, train_samples=3000, val_samples=301, batch_size=64, epochs=3)
 
 
-# Ray actors by class, counted (dead ones too) before and after first_run.
+# Ray actors by class, counted (dead ones too) before and after first_run; whether its
+# controller's process loaded torch, by pid.
 ACTORS: dict[str, dict[str, int]] = {}
+CONTROLLER_TORCH: dict[str, bool] = {}
 
 
 def _actor_classes() -> dict[str, int]:
@@ -40,13 +43,56 @@ def _actor_classes() -> dict[str, int]:
     return dict(Counter(a.class_name for a in actors))
 
 
+class ControllerWatch(threading.Thread):
+    """Every 0.1 s, the processes titled ``ray::LocalTrainController`` that were not one
+    when the watch started (an earlier fit's may still be exiting): whether each has
+    loaded torch's library (its memory map names ``libtorch``)."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.earlier = set(self._controllers())
+        self.torch_loaded: dict[str, bool] = {}
+        self.stop = threading.Event()
+
+    @staticmethod
+    def _controllers() -> list[str]:
+        pids = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if f.read().startswith(b"ray::LocalTrainController"):
+                        pids.append(pid)
+            except OSError:
+                continue
+        return pids
+
+    def run(self) -> None:
+        while not self.stop.wait(0.1):
+            for pid in self._controllers():
+                if pid in self.earlier:
+                    continue
+                try:
+                    with open(f"/proc/{pid}/maps") as f:
+                        loaded = "libtorch" in f.read()
+                except OSError:
+                    continue
+                self.torch_loaded[pid] = self.torch_loaded.get(pid, False) or loaded
+
+
 @pytest.fixture(scope="module")
 def first_run(ray_session, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("runs"))
     cfg = TrainConfig(**BASE, storage_path=storage, name="first")
     ACTORS["before"] = _actor_classes()
-    summary = run_training(cfg)
+    watch = ControllerWatch()
+    watch.start()
+    try:
+        summary = run_training(cfg)
+    finally:
+        watch.stop.set()
+        watch.join()
     ACTORS["after"] = _actor_classes()
+    CONTROLLER_TORCH.update(watch.torch_loaded)
     return cfg, summary
 
 
@@ -61,6 +107,9 @@ def test_a_local_run_starts_only_the_actors_it_uses(first_run):
     }
     # The run's own actors: the controller, its synchronisation actor, two workers.
     assert started == {"LocalTrainController": 1, "SynchronizationActor": 1, "RayTrainWorker": 2}
+    # The controller runs the whole fit without importing torch (about 2 CPU-seconds
+    # before it asks for the workers: ray_ddp/compat/local_controller.py).
+    assert list(CONTROLLER_TORCH.values()) == [False]
 
 
 def test_loss_falls_and_accuracy_rises(first_run):

@@ -135,7 +135,7 @@ LEAN: tuple[Private, ...] = (
         "ray.train.torch",
         "TorchTrainer._initialize_and_run_controller",
         ("self", "controller_init_kwargs"),
-        "overridden (a copy of it, for a Ray started here): see STOCK_SOURCE",
+        "overridden (a copy of it, for a Ray started here): see REPEATED",
     ),
     Private(
         "ray.train.torch",
@@ -161,8 +161,26 @@ LEAN: tuple[Private, ...] = (
         None,
         "the controller on the driver's node, as Ray Train places it",
     ),
-)
-"""The lean trainer's (``lean_trainer``): used only on a verified Ray."""
+    Private("ray.train._internal.utils", "get_address_and_port", (),
+            "rank 0's address and a free port for the process group"),
+    Private("ray.train.torch.config", "_set_torch_distributed_env_vars", (),
+            "run on each worker, as _TorchBackend.on_start runs it"),
+    Private("ray.train.torch.config", "_setup_torch_process_group",
+            ("backend", "world_rank", "world_size", "init_method", "timeout_s"),
+            "run on each worker, as _TorchBackend.on_start runs it"),
+    Private("ray.train.torch.config", "_shutdown_torch", ("destroy_process_group",),
+            "run on each worker, as _TorchBackend.on_shutdown runs it"),
+    Private("ray.train.torch.config", "TorchConfigContextManager", None,
+            "what each worker enters around the train function, as under TorchConfig"),
+    Private("ray.train.v2._internal.util", "TrainingFramework.TORCH", None,
+            "the framework LeanTorchConfig names, as TorchConfig does"),
+    Private("ray._common.network_utils", "build_address", ("host", "port"),
+            "the tcp:// address of rank 0, as Ray writes it"),
+    Private("ray._common.utils", "env_integer", ("key", "default"),
+            "the process group's shutdown timeout, read as Ray reads it"),
+)  # fmt: skip
+"""The lean trainer's (``lean_trainer``, ``local_controller``, ``torch_backend``): used
+only on a verified Ray."""
 
 OTHERS: tuple[Private, ...] = (
     Private("ray._private.state", "available_resources_per_node", (),
@@ -197,14 +215,33 @@ OTHERS: tuple[Private, ...] = (
 """The rest (``cluster_state``, ``autoscaler``, ``train_logging``, ``checkpoint_upload``,
 ``notices``): each falls back where the installed Ray lacks it."""
 
-STOCK_SOURCE = {"2.60.0": "ea57ec4498323973"}
-"""The first 16 hex digits of the SHA-256 of ``DataParallelTrainer._initialize_and_run_
-controller``'s source on each verified release: ``lean_trainer`` repeats what it does, so a
-release that changes it is read again before it is added to ``VERIFIED_RAY``."""
+REPEATED = (
+    ("ray.train.v2.api.data_parallel_trainer",
+     "DataParallelTrainer._initialize_and_run_controller"),
+    ("ray.train.torch.config", "_TorchBackend.on_start"),
+    ("ray.train.torch.config", "_TorchBackend.on_shutdown"),
+)  # fmt: skip
+"""The methods of Ray that ``compat`` repeats rather than calls: ``lean_trainer`` starts
+the controller as the first does, ``torch_backend`` makes the calls of the other two from
+a controller without torch."""
+
+STOCK_SOURCE = {
+    "2.60.0": {
+        "DataParallelTrainer._initialize_and_run_controller": "ea57ec4498323973",
+        "_TorchBackend.on_start": "2d82fd3c05311849",
+        "_TorchBackend.on_shutdown": "7dab1784f3fc07e5",
+    },
+}
+"""The first 16 hex digits of the SHA-256 of each ``REPEATED`` method's source on each
+verified release, so a release that changes one is read again before it is added to
+``VERIFIED_RAY``."""
 
 
-def stock_source_digest() -> str:
-    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-    source = inspect.getsource(DataParallelTrainer._initialize_and_run_controller)
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+def stock_source_digests() -> dict[str, str]:
+    digests = {}
+    for module, name in REPEATED:
+        obj: Any = importlib.import_module(module)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        digests[name] = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
+    return digests

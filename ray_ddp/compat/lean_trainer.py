@@ -26,21 +26,29 @@ actors that a local run has no use for, and starts its workers the slow way:
   configured by (its poll interval, the preemption watcher) as arguments, and removes
   them from its environment once read: the workers get a runtime environment only for
   other variables the user set (usually none).
+- torch in the controller: Ray's ``TorchConfig`` and the loop's config (it holds the task)
+  would make the controller import torch to unpickle them (about 2 CPU-seconds before it
+  asks for the workers). The controller gets ``torch_backend.LeanTorchConfig`` instead,
+  and the run's context without the loop's config (the workers get that with the train
+  function). This part holds on any cluster and in Tune trials too (``local_controller``).
 
 A cluster outlives the job, and a Tune trial runs in an actor of its own rather than in
-the process that started Ray: both get Ray Train as it is. Used only on the Ray releases it
-was verified on (``versions``); ``apis.LEAN`` lists every private name below with its
-signature there, and ``tests/test_training.py::test_a_local_run_starts_only_the_actors_it_uses``
-counts the actors a local fit starts.
+the process that started Ray: both get Ray Train as it is, but for the first and the last
+point. Used only on the Ray releases it was verified on (``versions``); ``apis.LEAN``
+lists every private name below with its signature there, and
+``tests/test_training.py::test_a_local_run_starts_only_the_actors_it_uses`` counts the
+actors a local fit starts and checks that its controller never loads torch.
 """
 
 from __future__ import annotations
 
-import os
+import dataclasses
 import threading
 from typing import Any
 
 import ray
+from ray._common.utils import env_bool
+from ray.train.constants import RAY_TRAIN_ENABLE_STATE_TRACKING
 from ray.train.torch import TorchTrainer
 
 # The helper actors a local run leaves out are started by these callbacks (no public API
@@ -50,22 +58,17 @@ from ray.train.v2._internal.callbacks.placement_group_callback import (
     PlacementGroupCleanerCallback,
 )
 
-# The controller's settings and the variables Ray Train hands on to its controller and workers.
-from ray.train.v2._internal.constants import (
-    ENABLE_PREEMPTION_WATCHER_ENV_VAR,
-    HEALTH_CHECK_INTERVAL_S_ENV_VAR,
-    get_env_vars_to_propagate,
+# The variables Ray Train hands on to its controller and workers.
+from ray.train.v2._internal.constants import get_env_vars_to_propagate
+
+from ray_ddp.compat.local_controller import (
+    CONTROLLER_SETTINGS,
+    FixedScalingPolicy,
+    LocalFixedScalingPolicy,
+    LocalTrainController,
+    local_controller_settings,
 )
-
-# The controller, started here as DataParallelTrainer starts it, and the fixed-size policy
-# whose autoscaler requests a local Ray does not need.
-from ray.train.v2._internal.execution.controller import TrainController
-from ray.train.v2._internal.execution.scaling_policy.fixed import FixedScalingPolicy
-
-LOCAL_POLL_S = 0.5
-"""How often the controller of a local run polls its workers (Ray's default: 2 s). It
-notices a started or finished group (and collects each report) up to that much later:
-measured on 2 cores, a 1-epoch run took 9.5 s instead of 14 s at 0.5 s."""
+from ray_ddp.compat.torch_backend import LeanTorchConfig
 
 
 def ray_started_here() -> bool:
@@ -76,54 +79,9 @@ def ray_started_here() -> bool:
     return bool(getattr(node, "ray_init_cluster", False))
 
 
-class LocalFixedScalingPolicy(FixedScalingPolicy):
-    """Ray Train's fixed-size policy without its requests to the AutoscalingCoordinator:
-    a Ray started by the driver has no autoscaler to read them."""
-
-    def after_controller_start(self, train_run_context: Any) -> None:
-        pass
-
-    def _maybe_send_resource_request(self) -> None:
-        pass
-
-    def _send_resource_request(self) -> None:
-        pass
-
-    def _cancel_resource_request(self) -> None:
-        pass
-
-
-# Ray Train reads these in its controller as the controller is made; set by ray_ddp for
-# a local run (below) and so kept out of the environment its workers would inherit.
-CONTROLLER_SETTINGS = (HEALTH_CHECK_INTERVAL_S_ENV_VAR, ENABLE_PREEMPTION_WATCHER_ENV_VAR)
-
-
-def local_controller_settings() -> dict[str, str]:
-    """The controller of a local run polls every ``LOCAL_POLL_S`` (a
-    ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` of the user's wins) and has no spot-preemption
-    watcher (an actor of its own; one machine has no spot instances)."""
-    return {
-        HEALTH_CHECK_INTERVAL_S_ENV_VAR: os.environ.get(
-            HEALTH_CHECK_INTERVAL_S_ENV_VAR, str(LOCAL_POLL_S)
-        ),
-        ENABLE_PREEMPTION_WATCHER_ENV_VAR: "0",
-    }
-
-
-class LocalTrainController(TrainController):
-    """Ray Train's controller, given ``settings`` (:func:`local_controller_settings`) as
-    it is made instead of through its runtime environment: from there, and from this
-    process's environment, Ray Train would pass them on to the workers' runtime
-    environment (see the module's docstring)."""
-
-    def __init__(self, *args: Any, settings: dict[str, str], **kwargs: Any) -> None:
-        # What RAY_WARN_BLOCKING_GET_INSIDE_ASYNC=0, which Ray Train sets for its
-        # controller, does: no warning for its blocking ray.get calls.
-        ray._private.worker.blocking_get_inside_async_warned = True
-        os.environ.update(settings)
-        super().__init__(*args, **kwargs)
-        for key in CONTROLLER_SETTINGS:  # read; set or inherited, they go no further
-            os.environ.pop(key, None)
+def _state_tracking() -> bool:
+    """Ray Train's run-state export is on (off unless asked for)."""
+    return env_bool(RAY_TRAIN_ENABLE_STATE_TRACKING, False)
 
 
 class LeanTorchTrainer(TorchTrainer):
@@ -131,6 +89,20 @@ class LeanTorchTrainer(TorchTrainer):
     started here, without the PlacementGroupCleaner or autoscaling requests, and with a
     faster-polling controller whose workers reuse Ray's idle processes (see the module's
     docstring)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # What the controller unpickles, free of torch and of the task: the backend's
+        # settings (torch_backend), and the run's context without the loop's config (the
+        # workers get it with the train function; in the controller only Ray Train's
+        # state tracking reads it, so it stays where that is switched on).
+        self.backend_config = LeanTorchConfig.of(self.backend_config)
+        context = self.train_run_context
+        loop_config = context.train_loop_config if _state_tracking() else None
+        self.train_run_context = dataclasses.replace(
+            context, backend_config=self.backend_config, train_loop_config=loop_config
+        )
+        object.__setattr__(self.train_run_context, "run_id", context.run_id)
 
     def _create_default_callbacks(self) -> list[Any]:
         unused: tuple[type, ...] = ()

@@ -20,10 +20,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ray_ddp.checkpoint.format import ResumeRefusedError
-from ray_ddp.data.unreadable import BadSamplesError
 from ray_ddp.reliability.hangs.report import latest_hang
-from ray_ddp.reliability.loss_guard import NonFiniteLossError
 
 STEP_NOTE = "ray_ddp: raised at optimizer step"
 
@@ -80,8 +77,16 @@ def failure_signature(error: BaseException) -> str:
     return "\n".join([f"{type(error).__name__}: {error}", *notes])
 
 
-FINAL: tuple[type[Exception], ...] = (NonFiniteLossError, BadSamplesError, ResumeRefusedError)
-"""The errors a restart would meet again: the run stops with the first of them."""
+def final_errors() -> tuple[type[Exception], ...]:
+    """The errors a restart would meet again: the run stops with the first of them.
+    Imported when an attempt has failed: their modules import torch, and this module is
+    imported by Ray Train's controller, which otherwise has no use for torch
+    (``ray_ddp.compat.local_controller``)."""
+    from ray_ddp.checkpoint.format import ResumeRefusedError
+    from ray_ddp.data.unreadable import BadSamplesError
+    from ray_ddp.reliability.loss_guard import NonFiniteLossError
+
+    return (NonFiniteLossError, BadSamplesError, ResumeRefusedError)
 
 
 def final_message(error: BaseException, kind: type[Exception]) -> str | None:
@@ -98,6 +103,8 @@ def final_message(error: BaseException, kind: type[Exception]) -> str | None:
 
 def nonfinite_loss(error: BaseException) -> str | None:
     """The message of a non-finite loss error, as the exception itself or relayed."""
+    from ray_ddp.reliability.loss_guard import NonFiniteLossError
+
     return final_message(error, NonFiniteLossError)
 
 
@@ -131,7 +138,7 @@ def stop_hopeless_retries(run_dir: str | None = None):
                 return
             print(failure_line(worker_exceptions), flush=True)
             for error in worker_exceptions.values():
-                for kind in FINAL:
+                for kind in final_errors():
                     message = final_message(error, kind)
                     if message:
                         raise kind(message)
