@@ -204,10 +204,17 @@ def one_run(s: Settings, rep: int, work: str, extra_env: dict[str, str]) -> dict
     # How busy the machine was in each stage (from the stage above to it): a stage that
     # waits rather than computes shows idle cores.
     busy = {what: watch.busy(ordered[i - 1][0], t) for i, (t, what) in enumerate(ordered) if i}
+    # And which processes used it.
+    who = {
+        what: {title: e["cpu_s"] for title, e in watch.cpu_by_title(ordered[i - 1][0], t).items()}
+        for i, (t, what) in enumerate(ordered)
+        if i
+    }
     first, ended = when["rank 0: first optimizer step"], when["rank 0: training ended, logs closed"]
     return {
         "stages": {what: t - launch for t, what in ordered},
         "busy": busy,
+        "who": who,
         "cpu": watch.cpu_by_title(),
         # From the end of the first optimizer step to the end of training: the steady
         # state (and the epoch's validation and checkpoint, a small part of it).
@@ -226,8 +233,9 @@ def timeline_table(runs: list[dict[str, Any]]) -> list[str]:
     stages = [r["stages"] for r in runs]
     order = sorted(stages[0], key=lambda k: statistics.median(r.get(k, 0.0) for r in stages))
     lines = [
-        "| s since launch, median (min–max) | since the row above | CPU busy | stage |",
-        "|---:|---:|---:|---|",
+        "| s since launch, median (min–max) | since the row above | CPU busy | stage "
+        "| CPU s by process |",
+        "|---:|---:|---:|---|---|",
     ]
     previous = 0.0
     for what in order:
@@ -235,9 +243,20 @@ def timeline_table(runs: list[dict[str, Any]]) -> list[str]:
         med = statistics.median(values)
         shares = [r["busy"][what] for r in runs if r.get("busy", {}).get(what) is not None]
         busy = f"{100 * statistics.median(shares):.0f}%" if shares else ""
-        lines.append(f"| {median_range(values)} | {med - previous:+.2f} | {busy} | {what} |")
+        row = f"| {median_range(values)} | {med - previous:+.2f} | {busy} | {what}"
+        lines.append(f"{row} | {_who(runs, what)} |")
         previous = med
     return lines
+
+
+def _who(runs: list[dict[str, Any]], stage: str) -> str:
+    """The processes that used the CPU in a stage (median CPU seconds over the runs, the
+    top three of at least 0.1 s)."""
+    spent = [r.get("who", {}).get(stage, {}) for r in runs]
+    titles = {t for s in spent for t in s}
+    med = {t: statistics.median(s.get(t, 0.0) for s in spent) for t in titles}
+    top = sorted((v, t) for t, v in med.items() if v >= 0.1)[::-1][:3]
+    return ", ".join(f"{t.removeprefix('ray::')} {v:.1f}" for v, t in top)
 
 
 def cpu_table(runs: list[dict[str, Any]], key: str = "cpu") -> list[str]:
