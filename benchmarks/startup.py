@@ -2,6 +2,8 @@
 
     python benchmarks/startup.py                 # 3 runs of the benchmark job, each timed
     python benchmarks/startup.py --repeats 5 --steps 20
+    python benchmarks/startup.py --baseline /tmp/base --repeats 6 --tag startup_ab
+                                                 # interleaved pairs against another checkout
 
 Runs ``jobs/train.py`` as ``benchmarks/run.py`` does (the same job, its own local Ray)
 with ``RAY_DDP_TIMELINE`` set, so the driver and every rank stamp their stages
@@ -165,13 +167,18 @@ class ProcessWatch(threading.Thread):
         return out
 
 
-def one_run(s: Settings, rep: int, work: str, extra_env: dict[str, str]) -> dict[str, Any]:
+def one_run(
+    s: Settings, rep: int, work: str, extra_env: dict[str, str], checkout: str = ROOT
+) -> dict[str, Any]:
     """Seconds since launch of every stage of one run of the ray_ddp case, and the CPU
-    seconds of every process it started."""
+    seconds of every process it started. ``checkout``: whose ``jobs/train.py`` runs (it
+    puts its own ``ray_ddp`` first on the path, for the driver and the workers)."""
     case = BY_NAME["ray_ddp"]
     timeline = os.path.join(work, f"timeline-{rep}.jsonl")
     result = os.path.join(work, f"result-{rep}.json")
     cmd = command(case, s, result, os.path.join(work, "runs"), f"startup-{rep}")
+    ours = os.path.join(ROOT, "jobs", "train.py")
+    cmd = [os.path.join(checkout, "jobs", "train.py") if c == ours else c for c in cmd]
     env = {**environment(case, s), "RAY_DDP_TIMELINE": timeline, **extra_env}
     launch = time.time()
     watch = ProcessWatch(since=launch)
@@ -280,6 +287,62 @@ def cpu_table(runs: list[dict[str, Any]], key: str = "cpu") -> list[str]:
     return lines
 
 
+FIRST = "rank 0: first optimizer step"
+FIRST_S = "first optimizer step, s since launch"
+
+
+def _figures(r: dict[str, Any]) -> dict[str, float]:
+    cpu = r["cpu"]
+    return {
+        FIRST_S: r["stages"][FIRST],
+        "exit, s since launch": r["stages"]["driver: exited"],
+        "CPU s, every process": sum(e["cpu_s"] for e in cpu.values()),
+        "CPU s, the Train controller": sum(
+            e["cpu_s"] for title, e in cpu.items() if title.endswith("TrainController")
+        ),
+    }
+
+
+def compare(args: argparse.Namespace, s: Settings, work: str, extra_env: dict[str, str]) -> None:
+    """Interleaved pairs of runs: this checkout against ``--baseline``'s (which of the two
+    goes first alternates), each figure's median (min-max) per checkout and pair by pair."""
+    from common import write_report
+
+    pairs: list[dict[str, dict[str, float]]] = []
+    for i in range(args.repeats):
+        arms = [("this", ROOT), ("baseline", args.baseline)][:: -1 if i % 2 else 1]
+        pair = {}
+        for name, checkout in arms:
+            pair[name] = _figures(one_run(s, 2 * i + len(pair), work, extra_env, checkout))
+        pairs.append(pair)
+        print(f"pair {i + 1}/{args.repeats}: first step {pair['this'][FIRST_S]:.2f} s here, "
+              f"{pair['baseline'][FIRST_S]:.2f} s at the baseline", flush=True)  # fmt: skip
+    lines = [
+        "# Start-up: this checkout against a baseline, interleaved pairs",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} with `python benchmarks/startup.py "
+        f"--baseline {args.baseline} --repeats {args.repeats} --steps {args.steps}`: the "
+        "`benchmarks/run.py` job (small_cnn, 2 CPU workers) run by each checkout's "
+        "`jobs/train.py` in turn, which of the two first alternating.",
+        "",
+        f"- machine: {json.dumps(machine())}",
+        "",
+        "| figure | this checkout | baseline | this - baseline, pair by pair |",
+        "|---|---:|---:|---:|",
+    ]
+    for key in pairs[0]["this"]:
+        here = [p["this"][key] for p in pairs]
+        there = [p["baseline"][key] for p in pairs]
+        diff = [a - b for a, b in zip(here, there, strict=True)]
+        lines.append(
+            f"| {key} | {median_range(here)} | {median_range(there)} | "
+            f"{statistics.median(diff):+.2f} ({min(diff):+.2f} to {max(diff):+.2f}) |"
+        )
+    write_report(
+        args.out, args.tag, {"pairs": pairs, "machine": machine()}, "\n".join(lines) + "\n"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
@@ -288,6 +351,9 @@ def main() -> None:
                     help="set in the run's environment (an A/B of a Ray setting)")  # fmt: skip
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--tag", default="startup", help="the results' file names")
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="another checkout of ray_ddp (e.g. `git worktree add /tmp/base HEAD~1`): "
+                    "interleaved pairs against it instead of the timeline")  # fmt: skip
     args = ap.parse_args()
     extra_env = dict(item.split("=", 1) for item in args.env)
     s = Settings(
@@ -296,6 +362,9 @@ def main() -> None:
         timeout_s=600,
     )  # fmt: skip
     work = tempfile.mkdtemp(prefix="ray_ddp_startup_")
+    if args.baseline:
+        compare(args, s, work, extra_env)
+        return
     runs = []
     for rep in range(args.repeats):
         runs.append(one_run(s, rep, work, extra_env))
