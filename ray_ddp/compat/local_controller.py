@@ -3,7 +3,8 @@
 The controller is an actor: its process imports this module to unpickle its class, and the
 modules of everything it is handed (the run's context, its callbacks). None of them
 imports torch (``torch_backend``, ``ray_ddp.reliability.retry_policy``), so the controller
-starts in about 1.5 CPU-seconds instead of 3.5-4 and asks for the workers that much sooner;
+uses about 1.8 CPU-seconds in a run instead of 3.6 and asks for the workers sooner
+(``benchmarks/results/startup_controller.md``);
 ``tests/test_training.py::test_a_local_run_starts_only_the_actors_it_uses`` checks that
 the controller's process has not loaded torch.
 """

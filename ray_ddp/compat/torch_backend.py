@@ -12,13 +12,14 @@ worker-side step runs Ray's own function, imported on the worker, which has torc
 Other backends (TPUs' ``tpu_dist``), which ray_ddp does not run on, keep Ray's
 ``TorchConfig``.
 
-``apis.TORCH_BACKEND_SOURCE`` pins the source of the methods repeated here, so a Ray
-release that changes them is read again before it is verified.
+``apis.REPEATED`` and ``apis.STOCK_SOURCE`` pin the source of the two methods repeated
+here, so a Ray release that changes them is read again before it is verified.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,8 @@ from ray.train.constants import (
     TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S,
 )
 from ray.train.v2._internal.util import TrainingFramework
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -147,8 +150,4 @@ class LeanTorchBackend(Backend):
         try:
             ray.get(futures, timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
-            import logging
-
-            logging.getLogger(__name__).warning(
-                f"Torch process group shutdown timed out after {timeout_s} seconds"
-            )
+            logger.warning(f"Torch process group shutdown timed out after {timeout_s} seconds")
