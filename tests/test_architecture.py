@@ -183,7 +183,6 @@ def test_what_the_train_controller_unpickles_imports_no_torch():
         "ray_ddp.compat.local_controller",
         "ray_ddp.compat.torch_backend",
         "ray_ddp.reliability.retry_policy",
-        "ray.tune.integration.ray_train",
     ]
     code = (
         f"import sys\nfor m in {modules!r}: __import__(m)\n"
