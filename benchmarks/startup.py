@@ -32,7 +32,11 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
+from common import write_report  # noqa: E402
 from run import BY_NAME, ROOT, Settings, command, environment, machine  # noqa: E402
+
+FIRST = "rank 0: first optimizer step"
+FIRST_S = "first optimizer step, s since launch"
 
 # Ray's processes by their title (Ray renames a pooled worker ``ray::<Actor>`` when it
 # becomes one; its own daemons keep their program's name): the ones on the timeline.
@@ -217,7 +221,7 @@ def one_run(
         for i, (t, what) in enumerate(ordered)
         if i
     }
-    first, ended = when["rank 0: first optimizer step"], when["rank 0: training ended, logs closed"]
+    first, ended = when[FIRST], when["rank 0: training ended, logs closed"]
     return {
         "stages": {what: t - launch for t, what in ordered},
         "busy": busy,
@@ -287,10 +291,6 @@ def cpu_table(runs: list[dict[str, Any]], key: str = "cpu") -> list[str]:
     return lines
 
 
-FIRST = "rank 0: first optimizer step"
-FIRST_S = "first optimizer step, s since launch"
-
-
 def _figures(r: dict[str, Any]) -> dict[str, float]:
     cpu = r["cpu"]
     return {
@@ -306,8 +306,6 @@ def _figures(r: dict[str, Any]) -> dict[str, float]:
 def compare(args: argparse.Namespace, s: Settings, work: str, extra_env: dict[str, str]) -> None:
     """Interleaved pairs of runs: this checkout against ``--baseline``'s (which of the two
     goes first alternates), each figure's median (min-max) per checkout and pair by pair."""
-    from common import write_report
-
     pairs: list[dict[str, dict[str, float]]] = []
     for i in range(args.repeats):
         arms = [("this", ROOT), ("baseline", args.baseline)][:: -1 if i % 2 else 1]
@@ -370,7 +368,7 @@ def main() -> None:
         runs.append(one_run(s, rep, work, extra_env))
         stages = runs[-1]["stages"]
         print(f"run {rep + 1}/{args.repeats}: first step at "
-              f"{stages.get('rank 0: first optimizer step', float('nan')):.1f} s, "
+              f"{stages.get(FIRST, float('nan')):.1f} s, "
               f"exit at {stages['driver: exited']:.1f} s", flush=True)  # fmt: skip
     env_text = "".join(f" --env {k}={v}" for k, v in extra_env.items())
     lines = [
@@ -396,13 +394,8 @@ def main() -> None:
         "",
         *cpu_table(runs, "cpu_training"),
     ]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, f"{args.tag}.md"), "w") as f:
-        f.write(text)
-    with open(os.path.join(args.out, f"{args.tag}.json"), "w") as f:
-        json.dump({"runs": runs, "machine": machine(), "env": extra_env}, f, indent=1)
+    result = {"runs": runs, "machine": machine(), "env": extra_env}
+    write_report(args.out, args.tag, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

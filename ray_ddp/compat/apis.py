@@ -215,15 +215,16 @@ OTHERS: tuple[Private, ...] = (
 """The rest (``cluster_state``, ``autoscaler``, ``train_logging``, ``checkpoint_upload``,
 ``notices``): each falls back where the installed Ray lacks it."""
 
-REPEATED = (
-    ("ray.train.v2.api.data_parallel_trainer",
-     "DataParallelTrainer._initialize_and_run_controller"),
-    ("ray.train.torch.config", "_TorchBackend.on_start"),
-    ("ray.train.torch.config", "_TorchBackend.on_shutdown"),
+REPEATED: tuple[Private, ...] = (
+    Private("ray.train.v2.api.data_parallel_trainer",
+            "DataParallelTrainer._initialize_and_run_controller", None,
+            "lean_trainer starts the controller as it does"),
+    Private("ray.train.torch.config", "_TorchBackend.on_start", None,
+            "torch_backend makes its calls from a controller without torch"),
+    Private("ray.train.torch.config", "_TorchBackend.on_shutdown", None,
+            "torch_backend makes its calls from a controller without torch"),
 )  # fmt: skip
-"""The methods of Ray that ``compat`` repeats rather than calls: ``lean_trainer`` starts
-the controller as the first does, ``torch_backend`` makes the calls of the other two from
-a controller without torch."""
+"""The methods of Ray that ``compat`` repeats rather than calls."""
 
 STOCK_SOURCE = {
     "2.60.0": {
@@ -238,10 +239,7 @@ verified release, so a release that changes one is read again before it is added
 
 
 def stock_source_digests() -> dict[str, str]:
-    digests = {}
-    for module, name in REPEATED:
-        obj: Any = importlib.import_module(module)
-        for part in name.split("."):
-            obj = getattr(obj, part)
-        digests[name] = hashlib.sha256(inspect.getsource(obj).encode()).hexdigest()[:16]
-    return digests
+    return {
+        p.name: hashlib.sha256(inspect.getsource(p.resolve()).encode()).hexdigest()[:16]
+        for p in REPEATED
+    }
