@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -63,6 +64,48 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return 1 if item.get_closest_marker("ray") is not None else 0
 
     items.sort(key=tier)
+
+
+# RAY_DDP_TEST_CPU=FILE: how busy the machine was during each test (the share of both
+# cores' time, from /proc/stat), written to FILE (test, wall s, busy share) and summed per
+# module at the end. Where a slow test leaves the cores idle, it waits (a timeout, a
+# poll, a one-worker job) rather than computes: the first place to look for time.
+_CPU_FILE = os.environ.get("RAY_DDP_TEST_CPU")
+_CPU_ROWS: list[tuple[str, float, float]] = []
+
+
+def _cpu_ticks() -> tuple[int, int]:
+    """Busy and total ticks of all cores since boot."""
+    with open("/proc/stat") as stat:
+        ticks = [int(t) for t in stat.readline().split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)  # less idle and iowait
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    if not _CPU_FILE:
+        yield
+        return
+    (busy, total), started = _cpu_ticks(), time.monotonic()
+    yield
+    (busy_end, total_end), wall = _cpu_ticks(), time.monotonic() - started
+    _CPU_ROWS.append((item.nodeid, wall, (busy_end - busy) / max(1, total_end - total)))
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _CPU_FILE or not _CPU_ROWS:
+        return
+    with open(_CPU_FILE, "w") as out:
+        out.writelines(f"{test}\t{wall:.2f}\t{busy:.3f}\n" for test, wall, busy in _CPU_ROWS)
+    modules: dict[str, list[float]] = {}
+    for test, wall, busy in _CPU_ROWS:
+        sums = modules.setdefault(test.split("::")[0], [0.0, 0.0])
+        sums[0], sums[1] = sums[0] + wall, sums[1] + wall * busy
+    terminalreporter.section("machine busy per module (RAY_DDP_TEST_CPU)")
+    for module, (wall, busy) in sorted(modules.items(), key=lambda kv: -kv[1][0])[:25]:
+        terminalreporter.write_line(f"{wall:8.1f} s  {100 * busy / wall:3.0f}% busy  {module}")
+    wall, busy = sum(w for _, w, _ in _CPU_ROWS), sum(w * b for _, w, b in _CPU_ROWS)
+    terminalreporter.write_line(f"{wall:8.1f} s  {100 * busy / wall:3.0f}% busy  all ({_CPU_FILE})")
 
 
 def _ray_started() -> list[str]:
