@@ -153,6 +153,19 @@ def s3():
 
 
 @pytest.fixture(scope="session")
+def tracking_server(tmp_path_factory):
+    """The session's MLflow tracking server (``mlflow_server``: SQLite store, local
+    artifacts, 127.0.0.1), started by the first test that asks for it."""
+    from mlflow_server import MlflowServer, server_command
+
+    if server_command() is None:
+        pytest.skip("pip install -e '.[test]' (mlflow)")
+    server = MlflowServer(str(tmp_path_factory.mktemp("mlflow"))).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
 def ray_session(request: pytest.FixtureRequest):
     """A real local Ray with 2 CPUs, shared by every test that trains. Started after the
     S3 server (where moto is installed), so its workers read and write its buckets."""

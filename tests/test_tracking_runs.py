@@ -1,6 +1,7 @@
 """Experiment tracking and profiles in real runs: a real MLflow server (``mlflow_server``:
 SQLite store, local artifacts, 127.0.0.1) and real 2-worker fits on the shared Ray,
-everything read back through ``MlflowClient``.
+everything read back through ``MlflowClient``. (A tracked sweep, a parent run with a
+child run per trial, is test_tune's interrupted and resumed sweep.)
 
 One fit carries most assertions (``tracked``): rank 1 dies at step 8, after checkpoint
 4 and after rank 0 has logged steps past it, and the run restarts from the checkpoint
@@ -35,10 +36,8 @@ SMALL = dict(num_workers=2, train_samples=512, val_samples=128, batch_size=32, e
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    mlflow_server = MlflowServer(str(tmp_path_factory.mktemp("mlflow"))).start()
-    yield mlflow_server
-    mlflow_server.stop()
+def server(tracking_server):
+    return tracking_server  # the session's (conftest): test_tune's sweep logs there too
 
 
 @pytest.fixture(scope="module")
@@ -214,46 +213,6 @@ def test_wandb_offline_gets_the_same_content(ray_session, tmp_path):
     assert losses == list(range(1, 9)), rows  # 8 steps, each once, in order
     assert [row["_step"] for row in rows if "val_acc" in row] == [8]
     assert {"curves.png", "metrics.csv", "summary.json"} <= wandb_records.saved_files(logs)
-
-
-def test_a_sweep_is_a_parent_run_with_a_child_run_per_trial(ray_session, server, client, tmp_path):
-    """Two trials, one at a time, ASHA after epoch 1: the parent holds the search space,
-    each trial's run is its child with the trial's lr and batch as params, and the trial
-    ASHA stopped is tagged so."""
-    from ray_ddp.config import SweepConfig, TrainConfig
-    from ray_ddp.driver.tune import run_sweep
-
-    cfg = TrainConfig(**{**SMALL, "cpus_per_worker": 0.9, "seed": 3}, storage_path=str(tmp_path),
-                      name="sweep", tracking="mlflow", tracking_uri=server.uri,
-                      experiment="sweeps", progress_interval_s=0)  # fmt: skip
-    # Seed 3 draws about 1e-2, then 8e-2, which trains worse: ASHA should stop the second.
-    sweep = SweepConfig(num_samples=2, batch_sizes=[32], lr_min=3e-3, lr_max=3e3,
-                        grace_period=1, reduction_factor=2)  # fmt: skip
-    started = time.perf_counter()
-    summary = run_sweep(cfg, sweep)
-    print(f"tracked sweep: {time.perf_counter() - started:.1f} s")
-    experiment = client.get_experiment_by_name("sweeps").experiment_id
-    runs = {r.info.run_name: r for r in client.search_runs([experiment])}
-    parent = runs.pop("sweep")
-    assert parent.data.params["num_samples"] == "2" and parent.data.params["lr_max"] == "3000.0"
-    assert parent.data.tags["ray_ddp.best_trial"] == summary["best"]["trial"]
-    assert parent.info.status == "FINISHED"
-    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"results.csv"}
-    trials = {t["trial"]: t for t in summary["trials"]}
-    assert set(runs) == set(trials)
-    for name, run in runs.items():
-        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
-        assert float(run.data.params["lr"]) == pytest.approx(trials[name]["lr"])
-        assert run.data.params["batch_size"] == "32"
-        stopped = trials[name]["status"] == "stopped early"
-        assert run.data.tags["ray_ddp.asha_stopped"] == str(stopped).lower()
-        assert run.info.status == ("KILLED" if stopped else "FINISHED")
-        epochs = client.get_metric_history(run.info.run_id, "val_acc")
-        # (A stopped trial may train on a little while Tune stops it: its run shows it.)
-        assert len(epochs) >= trials[name]["epochs_run"] >= 1
-    # Whether ASHA stops the second trial depends on how fast Tune sees its first epoch
-    # (it trains on while Tune decides): each trial's tags follow what Tune decided, above.
-    assert any(t["status"] == "finished" for t in trials.values()), trials
 
 
 def test_a_rerun_of_the_same_name_continues_the_same_run(tracked, server, client):

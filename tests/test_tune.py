@@ -69,16 +69,24 @@ def _sweep_cmd(address: str, storage: str, *extra: str) -> list[str]:
 
 
 @pytest.mark.ray
-def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(ray_session, storage):
+def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(
+    ray_session, tracking_server, storage
+):
     """One sweep of 4 trials, one at a time, with ASHA: Ctrl-C once the first trial has
     finished (the first at each rung, it runs all 3 epochs), then the same command with
     --resume runs the other three without running the first again; ASHA stops some of
-    them early; the best trial's checkpoint loads like any training checkpoint."""
+    them early; the best trial's checkpoint loads like any training checkpoint. Tracked
+    in MLflow (--tracking): one parent run for the sweep, continued by the resumed
+    command, holding the search space, with each trial's run as its child."""
     address = ray_session.get_runtime_context().gcs_address
     train_dir = os.path.join(storage, "sweep", "train")
+    tracked = ("--tracking", "mlflow", "--tracking-uri", tracking_server.uri,
+               "--experiment", "sweeps")  # fmt: skip
     started = time.perf_counter()
     proc = subprocess.Popen(
-        _sweep_cmd(address, storage), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _sweep_cmd(address, storage, *tracked),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     try:
         # One trial at a time: a second trial's run directory means the first ended.
@@ -99,9 +107,13 @@ def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(ray
     first_checkpoints = sorted(os.listdir(os.path.join(train_dir, first)))
 
     resumed = subprocess.run(
-        _sweep_cmd(address, storage, "--resume"), capture_output=True, text=True, timeout=400
+        _sweep_cmd(address, storage, *tracked, "--resume"),
+        capture_output=True,
+        text=True,
+        timeout=400,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "MLflow" not in resumed.stderr, resumed.stderr[-2000:]  # no tracking warning
     print(f"4-trial sweep, interrupted and resumed: {time.perf_counter() - started:.0f} s")
     # The finished trial was not run again: its run directory is exactly as it was.
     assert sorted(os.listdir(os.path.join(train_dir, first))) == first_checkpoints
@@ -125,3 +137,36 @@ def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(ray
     assert {r["status"] for r in rows} >= {"stopped early", "finished"}
     with open(os.path.join(summary["sweep_dir"], "sweep.png"), "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    _assert_tracked(tracking_server.uri, summary)
+
+
+def _assert_tracked(uri: str, summary: dict) -> None:
+    """The sweep in MLflow: one parent run (the resumed command continued the one the
+    first made), its search space as params and the best trial as a tag; every trial's
+    run its child, with the trial's lr and batch as params, tagged and ended as Tune
+    ended the trial (a trial ASHA stopped: KILLED)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("sweeps").experiment_id
+    runs = client.search_runs([experiment])
+    parents = [r for r in runs if r.info.run_name == "sweep"]
+    assert len(parents) == 1, [r.info.run_name for r in runs]
+    parent = parents[0]
+    assert parent.data.params["num_samples"] == "4" and parent.data.params["lr_max"] == "0.03"
+    assert parent.data.tags["ray_ddp.best_trial"] == summary["best"]["trial"]
+    assert parent.info.status == "FINISHED"
+    assert {a.path for a in client.list_artifacts(parent.info.run_id)} >= {"results.csv"}
+    children = {r.info.run_name: r for r in runs if r.info.run_id != parent.info.run_id}
+    trials = {t["trial"]: t for t in summary["trials"]}
+    assert set(children) == set(trials)
+    for name, run in children.items():
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert float(run.data.params["lr"]) == pytest.approx(trials[name]["lr"])
+        assert run.data.params["batch_size"] == str(trials[name]["batch_size"])
+        stopped = trials[name]["status"] == "stopped early"
+        assert run.data.tags["ray_ddp.asha_stopped"] == str(stopped).lower()
+        assert run.info.status == ("KILLED" if stopped else "FINISHED")
+        epochs = client.get_metric_history(run.info.run_id, "val_acc")
+        # (A stopped trial may train on a little while Tune stops it: its run shows it.)
+        assert len(epochs) >= trials[name]["epochs_run"] >= 1
