@@ -132,7 +132,9 @@ def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
     ray_session, tmp_path
 ):
     """``jobs/train.py`` as users run it; its server goes away after the first metrics
-    arrive. Training goes on, the run ends with exit 0, one line says what happened."""
+    arrive (rank 0 holds before step 4 until the test has stopped it: steps 1-3 logged,
+    4-16 never will be). Training goes on, the run ends with exit 0, one line says what
+    happened."""
     from mlflow.tracking import MlflowClient
 
     storage, summary_path = str(tmp_path / "runs"), str(tmp_path / "summary.json")
@@ -148,9 +150,10 @@ def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
                 "--no-tensorboard", "--log-every-steps", "1", "--storage-path", storage,
                 "--name", "down", "--tracking", "mlflow", "--tracking-uri", down.uri,
                 "--summary-json", summary_path]  # fmt: skip
-        slow = Harness(slow_step_s=0.3)  # 16 steps: about 5 s of training
+        released = str(tmp_path / "server-stopped")
+        held = Harness(stalls=(Stall(4, rank=0, seconds=120, until_file=released),))
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, env={**os.environ, **slow.to_env()})  # fmt: skip
+                                text=True, env={**os.environ, **held.to_env()})  # fmt: skip
         reader = threading.Thread(target=_job_lines, args=(proc, lines), daemon=True)
         reader.start()
         client, run_id = MlflowClient(down.uri), None
@@ -166,6 +169,7 @@ def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
         else:
             pytest.fail("no metric reached the server\n" + "\n".join(lines[-30:]))
         down.stop()  # mid-run: the first steps are logged, the rest never will be
+        open(released, "w").close()  # rank 0 goes on
         assert proc.wait(timeout=180) == 0, "\n".join(lines[-30:])
     finally:
         if proc is not None and proc.poll() is None:

@@ -7,9 +7,9 @@ unless it is set; a run without a harness has :data:`NONE`.
 - ``stalls``: a rank stops at an optimizer step, once per run, and says so in a file the
   test waits for (:func:`stall_marker`): it sleeps (a hang, a node about to be lost, until
   the test removes it), dies (``exit``: ``os._exit(1)``, as a killed process) or sleeps
-  holding Python's lock (``frozen``: its own watchdog cannot run) or until a reclaim
-  notice has reached the rank (``until_notice``). Several stalls make
-  several events, each at its own step;
+  holding Python's lock (``frozen``: its own watchdog cannot run), until a reclaim
+  notice has reached the rank (``until_notice``) or until the test makes a file
+  (``until_file``). Several stalls make several events, each at its own step;
 - ``slow_step_s`` / ``slow_rank``: every optimizer step of a rank (or of all) takes this
   much longer (a straggler);
 - ``slow_start_s`` / ``slow_checkpoint_s``: an attempt's first step, and every checkpoint,
@@ -40,6 +40,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -63,6 +64,8 @@ class Stall:
     """Sleep in a native call that holds Python's lock: no thread of the process runs."""
     until_notice: bool = False
     """Go on once Ray's reclaim notice has reached this rank (``seconds`` at most)."""
+    until_file: str | None = None
+    """Go on once this local file exists (``seconds`` at most): the test says when."""
 
 
 @dataclass(frozen=True)
@@ -138,9 +141,12 @@ def stall(
             # libc's sleep called without releasing Python's lock, as a native call that
             # never returns would: no other thread of the process (its watchdog) runs.
             ctypes.PyDLL(None).sleep(int(planned.seconds))
-        elif planned.until_notice:
+        elif planned.until_notice or planned.until_file:
             until = time.monotonic() + planned.seconds
-            while not noticed() and time.monotonic() < until:
+            released = (
+                noticed if planned.until_notice else partial(os.path.exists, planned.until_file)
+            )
+            while not released() and time.monotonic() < until:
                 time.sleep(0.1)
         else:
             time.sleep(planned.seconds)
