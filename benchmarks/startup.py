@@ -94,7 +94,8 @@ class ProcessWatch(threading.Thread):
         while not self.stop.wait(0.02):
             now = time.time()
             with open("/proc/stat") as f:
-                ticks = [int(v) for v in f.readline().split()[1:]]
+                # user to steal: guest time is counted in user already
+                ticks = [int(v) for v in f.readline().split()[1:9]]
             idle = ticks[3] + ticks[4]  # idle, iowait
             self.machine.append((now, sum(ticks) - idle, sum(ticks)))
             for pid in os.listdir("/proc"):
