@@ -97,7 +97,9 @@ def exit_process(code: int) -> NoReturn:
         import ray
 
         if ray.is_initialized():
-            ray.shutdown()
+            from ray_ddp.cluster.connect import shutdown
+
+            shutdown()  # a Ray started here: with any of its workers left hanging
             mark("Ray shut down")
     logging.shutdown()
     sys.stdout.flush()
