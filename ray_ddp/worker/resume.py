@@ -5,6 +5,7 @@ Train for the run's latest checkpoint)."""
 from __future__ import annotations
 
 import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,12 +104,29 @@ def _with_shards(
 
     if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
         return Restored(state, source, own, directory=checkpoint.path)
-    return Restored(state, source, own, directory=checkpoint.to_directory(), temporary=True)
+    return Restored(state, source, own, directory=_download(checkpoint), temporary=True)
 
 
 def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
-    with checkpoint.as_directory() as directory:
+    import pyarrow.fs
+
+    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
+        return load_state(checkpoint.path)
+    directory = _download(checkpoint)
+    try:
         return load_state(directory)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _download(checkpoint: ray.train.Checkpoint) -> str:
+    """A remote checkpoint's files in a new local folder of this process's own. Not Ray's
+    shared one (``as_directory``, ``to_directory()``): the ranks of a node share it, keyed
+    by the checkpoint they were all handed, and a rank that comes for it while a faster
+    rank, done reading, is deleting it fails with "Checkpoint directory ... does not
+    exist, even though it should have been created by another process" (seen resuming
+    from S3 on 2 cores, Ray 2.60)."""
+    return checkpoint.to_directory(tempfile.mkdtemp(prefix="ray_ddp_checkpoint_"))
 
 
 def restore_training(
