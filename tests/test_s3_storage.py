@@ -187,6 +187,62 @@ def test_resume_from_reads_a_checkpoint_uri(s3, tmp_path):
         load_checkpoint_state(missing)
 
 
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_remote_sharded_checkpoint_is_downloaded_once_and_kept_until_its_shards_are_read(
+    s3, tmp_path, monkeypatch
+):
+    """A worker resuming from a checkpoint on S3 reads its state.pt from one download of
+    its own; a sharded one's download is kept for the shards (every rank reads its
+    slices) and removed by ``release``; a whole one's at once. A broken one names the URI."""
+    import tempfile
+
+    import ray.train
+    import torch.distributed.checkpoint as dcp
+    from torch import nn
+
+    from ray_ddp.checkpoint.format import FORMAT_VERSION, SHARDS, write_state
+    from ray_ddp.worker.resume import _open
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    # Ray's download takes a file lock in RAY_TMPDIR: a folder of the test's own (the
+    # session's stays empty in the fast tier; conftest._no_ray_without_the_marker)
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path / "ray"))
+    (tmp_path / "tmp").mkdir()
+    downloads = lambda: sorted(os.listdir(tmp_path / "tmp"))  # noqa: E731
+    made, mkdtemp = [], tempfile.mkdtemp  # every download's folder, as it is made
+    monkeypatch.setattr(tempfile, "mkdtemp", lambda **kw: made.append(mkdtemp(**kw)) or made[-1])
+    sharded, whole = tmp_path / "sharded", tmp_path / "whole"
+    dcp.save(
+        {"model": nn.Linear(3, 2).state_dict()}, checkpoint_id=str(sharded / SHARDS), no_dist=True
+    )
+    write_state(str(sharded), {"format_version": FORMAT_VERSION, "sharded": "dcp"})
+    _fake_checkpoint(whole)
+    for directory in (sharded, whole):
+        storage.upload_dir(str(directory), f"s3://{BUCKET}/shards/run/{directory.name}")
+
+    def opened(name: str):
+        fs, path = storage.filesystem(f"s3://{BUCKET}/shards/run/{name}")
+        return _open(ray.train.Checkpoint(path, filesystem=fs), f"s3://{BUCKET}/shards/run/{name}")
+
+    restored = opened("sharded")
+    assert made == [restored.directory] and restored.temporary  # downloaded once
+    assert downloads() == [os.path.basename(restored.directory)]
+    assert {".metadata", "__0_0.distcp"} <= set(
+        os.listdir(os.path.join(restored.directory, SHARDS))
+    )
+    restored.release()
+    assert downloads() == []
+    restored = opened("whole")
+    assert restored.state["marker"] == 7 and restored.directory is None and downloads() == []
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "state.pt").write_bytes(b"truncated")
+    storage.upload_dir(str(tmp_path / "broken"), f"s3://{BUCKET}/shards/run/broken")
+    broken = f"s3://{BUCKET}/shards/run/broken/state.pt"
+    with pytest.raises(CheckpointError, match=f"^cannot read {broken}: "):
+        opened("broken")
+    assert downloads() == []
+
+
 def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, tmp_path):
     """On more than one node a worker may not see the driver's --resume-from path: it is
     copied into the run's storage, which every node sees. On one node it stays."""

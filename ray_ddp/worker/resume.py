@@ -15,13 +15,12 @@ from ray_ddp.checkpoint.format import (
     CheckpointError,
     ResumeRefusedError,
     is_sharded,
-    load_checkpoint_state,
     load_state,
 )
 from ray_ddp.config import TrainConfig
 from ray_ddp.config.batch import accumulation, saved_global_batch
 from ray_ddp.data.order.continuation import order_change
-from ray_ddp.io.storage import list_checkpoints
+from ray_ddp.io.storage import filesystem, list_checkpoints
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
 from ray_ddp.worker.sharding import load_shards
@@ -57,13 +56,11 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
     if checkpoint is None:
         if not resume_from:
             return None
-        state = load_checkpoint_state(resume_from)
-        if is_sharded(state):
-            return _with_shards(state, resume_from, ray.train.Checkpoint(resume_from))
-        return Restored(state, resume_from)
+        fs, path = filesystem(resume_from)
+        return _open(ray.train.Checkpoint(path, filesystem=fs), resume_from)
     fs = checkpoint.filesystem  # local or s3/gs alike
     try:
-        return _with_shards(_read(checkpoint), _shown(fs, checkpoint.path), checkpoint, own=True)
+        return _open(checkpoint, _shown(fs, checkpoint.path), own=True)
     except CheckpointError as exc:
         worker.log(f"warning: the latest checkpoint is unusable ({exc}); trying older ones")
     latest = checkpoint.path.rstrip("/")
@@ -71,13 +68,12 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
     older = [p for p in list_checkpoints(fs, run_dir) if p < latest]
     for path in reversed(older):
         try:
-            state = _read(ray.train.Checkpoint(path, filesystem=fs))
+            restored = _open(ray.train.Checkpoint(path, filesystem=fs), _shown(fs, path), own=True)
         except CheckpointError as exc:
             worker.log(f"warning: {_shown(fs, path)} is unusable too ({exc})")
             continue
         worker.log(f"warning: resuming from the older checkpoint {_shown(fs, path)}")
-        older_checkpoint = ray.train.Checkpoint(path, filesystem=fs)
-        return _with_shards(state, _shown(fs, path), older_checkpoint, own=True)
+        return restored
     raise CheckpointError(
         f"no usable checkpoint in {_shown(fs, run_dir)}; move the run aside or use a new --name"
     )
@@ -93,30 +89,28 @@ def _shown(fs, path: str) -> str:
     return f"{scheme}://{path}" if scheme else path
 
 
-def _with_shards(
-    state: dict[str, Any], source: str, checkpoint: ray.train.Checkpoint, own: bool = False
-) -> Restored:
-    """``state`` restored from ``checkpoint``; a sharded one's files kept at hand for
-    ``sharding.load_shards``: where they are on local storage, else downloaded."""
-    if not is_sharded(state):
-        return Restored(state, source, own)
+def _open(checkpoint: ray.train.Checkpoint, source: str, own: bool = False) -> Restored:
+    """``checkpoint``'s state, from ``source`` (a path or URI, for messages). A sharded
+    one's files are kept at hand for ``sharding.load_shards``: where they are on local
+    storage, else the one download of them that its state was read from."""
     import pyarrow.fs
 
     if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
-        return Restored(state, source, own, directory=checkpoint.path)
-    return Restored(state, source, own, directory=_download(checkpoint), temporary=True)
-
-
-def _read(checkpoint: ray.train.Checkpoint) -> dict[str, Any]:
-    import pyarrow.fs
-
-    if isinstance(checkpoint.filesystem, pyarrow.fs.LocalFileSystem):
-        return load_state(checkpoint.path)
-    directory = _download(checkpoint)
+        state = load_state(checkpoint.path)
+        return Restored(
+            state, source, own, directory=checkpoint.path if is_sharded(state) else None
+        )
+    directory = _download(checkpoint)  # storage errors propagate: not a broken checkpoint
+    kept = False
     try:
-        return load_state(directory)
+        state = load_state(directory)
+        kept = is_sharded(state)
+        return Restored(state, source, own, directory=directory if kept else None, temporary=kept)
+    except CheckpointError as exc:  # name the URI, not the temporary folder
+        raise CheckpointError(str(exc).replace(directory, source)) from exc
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        if not kept:
+            shutil.rmtree(directory, ignore_errors=True)
 
 
 def _download(checkpoint: ray.train.Checkpoint) -> str:
