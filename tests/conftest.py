@@ -25,7 +25,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from ray_ddp.cluster.connect import QUIET_LOCAL_RAY  # noqa: E402 - after the path is set
+from ray_ddp.cluster.connect import QUIET_LOCAL_RAY, shutdown  # noqa: E402 - after the path
 
 # Ray reads this once, on import: every worker prints the same rank-table header and
 # restart lines, which deduplication would fold away (the entry points set it too).
@@ -178,7 +178,7 @@ def ray_session(request: pytest.FixtureRequest):
     if not ray.is_initialized():
         ray.init(num_cpus=2, logging_level="WARNING")
     yield ray
-    ray.shutdown()
+    shutdown()  # with any worker left hanging in its exit (cluster.connect.shutdown)
 
 
 @pytest.fixture(scope="session")
@@ -206,11 +206,9 @@ def straight_run(ray_session, tmp_path_factory):
 def no_shared_ray():
     """For a module that starts its own cluster: the shared instance must not run beside
     it (one Ray per machine), and runs last (see ``pytest_collection_modifyitems``)."""
-    import ray
-
-    ray.shutdown()
+    shutdown()
     yield
-    ray.shutdown()
+    shutdown()
 
 
 @pytest.fixture

@@ -126,12 +126,9 @@ def test_a_rank_frozen_holding_pythons_lock_is_dumped_by_its_peer(ray_session, t
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as file:
-        return file.read().split()[2] != "Z"  # a zombie has exited
+    from ray_ddp.cluster.connect import _process
+
+    return _process(pid) != ()  # () once gone or a zombie
 
 
 def test_a_straggler_is_named_and_slow_starts_and_checkpoints_are_no_hang(ray_session, tmp_path):

@@ -21,14 +21,10 @@ SCRIPT = """
 import atexit, json, os, sys, time
 sys.path.insert(0, {root!r})
 import ray
-from ray_ddp.cluster.connect import connect, shutdown
+from ray_ddp.cluster.connect import _process, connect, shutdown
 
 def alive(pid):
-    try:
-        with open(f"/proc/{{pid}}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+    return _process(pid) != ()
 
 @ray.remote(num_cpus=0)
 class HangsInItsExit:

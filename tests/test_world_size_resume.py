@@ -103,9 +103,11 @@ def fresh_ray(no_shared_ray):
     were free), in a module of its own 18-26 s."""
     import ray
 
+    from ray_ddp.cluster.connect import shutdown
+
     ray.init(num_cpus=2, logging_level="WARNING")
     yield
-    ray.shutdown()
+    shutdown()
 
 
 @pytest.mark.own_cluster

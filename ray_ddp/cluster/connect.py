@@ -38,12 +38,6 @@ def connect(address: str | None, dashboard: bool = False) -> None:
         os.environ.setdefault(key, value)  # the user's own setting wins
     dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
     ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
-    global _STARTED_HERE
-    _STARTED_HERE = True
-
-
-_STARTED_HERE = False
-"""Whether this process started the Ray it is connected to (``connect``)."""
 
 
 def shutdown() -> None:
@@ -52,19 +46,28 @@ def shutdown() -> None:
     (Ray's teardown does now and then, seen after about 1 in 40 worker groups: a Train
     controller stuck on a lock in ``_raylet.so`` with its core worker already destroyed,
     ray-project/ray#52322) is no longer Ray's to kill, and would keep its memory (about
-    200 MB) until the machine restarts. The workers are the raylet's children: each is
-    noted before the raylet goes and killed if the same process is there afterwards (one
-    still in a normal exit is killed too: its Ray is gone)."""
+    200 MB) until the machine restarts. The workers are the children of a raylet this
+    process started: each is noted before Ray stops, and killed if its raylet has gone and
+    the same process is still there (one still in a normal exit is killed too: its Ray is
+    gone). A raylet that outlives ``ray.shutdown`` is not one it stopped (a test's
+    ``cluster_utils`` node): its workers are left alone, as are a joined cluster's."""
     import ray
 
-    global _STARTED_HERE
-    workers = _children(_children({os.getpid()}, "raylet")) if _STARTED_HERE else {}
+    raylets = _children({os.getpid()}, "raylet")
+    workers = {raylet: _children({raylet}) for raylet in raylets}
     ray.shutdown()
-    _STARTED_HERE = False
-    for pid, started in workers.items():
-        if _process(pid)[2:] == (started,):
-            with contextlib.suppress(OSError):  # gone meanwhile
-                os.kill(pid, signal.SIGKILL)
+    for raylet, started in raylets.items():
+        if _still(raylet, started):
+            continue
+        for pid, since in workers[raylet].items():
+            if _still(pid, since):
+                with contextlib.suppress(OSError):  # gone meanwhile
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _still(pid: int, started: int) -> bool:
+    """Whether process ``pid`` is still the one that started at ``started``."""
+    return _process(pid)[2:] == (started,)
 
 
 def _process(pid: int) -> tuple[int, str, int] | tuple[()]:
