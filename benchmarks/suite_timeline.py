@@ -16,6 +16,10 @@ It prints how many worker groups started (each attempt of each fit, Tune trials 
 - **to the first step**: the loop entered -> the first optimizer step (data, model, the DDP
   wrap: DDP's constructor imports ``torch._dynamo``);
 - **training**: the first optimizer step -> training ended (steps, validation, checkpoints).
+
+Where the timeline also marks each test (``tests/conftest.py`` does), it then counts the
+groups per test module (``--per-test``: per test), by the test running when each started:
+where merging or sharing fits would pay.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ray_ddp.io.timeline import read  # noqa: E402 - after the path is set
+from ray_ddp.io.timeline import TEST_STARTED, read  # noqa: E402 - after the path is set
 
 LOOP = "loop entered (process group up)"
 FIRST = "first optimizer step"
@@ -73,11 +77,30 @@ def report(marks: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def groups_by_test(marks: list[dict], per_test: bool = False) -> dict[str, int]:
+    """Worker groups started per test module (or test), most first: each counted for the
+    test marked last before it started."""
+    tests = [(m["t"], m["who"]) for m in marks if m["stage"] == TEST_STARTED]
+    counts: dict[str, int] = {}
+    for t in stages(marks)["groups"]:
+        before = [test for when, test in tests if when <= t]
+        if before:
+            test = before[-1] if per_test else before[-1].split("::")[0]
+            counts[test] = counts.get(test, 0) + 1
+    return dict(sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("timeline", help="the file RAY_DDP_TIMELINE named")
+    parser.add_argument("--per-test", action="store_true", help="count groups per test")
     args = parser.parse_args(argv)
-    print(report(read(args.timeline)))
+    marks = read(args.timeline)
+    print(report(marks))
+    counts = groups_by_test(marks, args.per_test)
+    if counts:
+        print(f"\nworker groups per {'test' if args.per_test else 'test module'}:")
+        print("\n".join(f"{n:5}  {test}" for test, n in counts.items()))
     return 0
 
 

@@ -26,6 +26,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from ray_ddp.cluster.connect import QUIET_LOCAL_RAY, shutdown  # noqa: E402 - after the path
+from ray_ddp.io import timeline  # noqa: E402
 
 # Ray reads this once, on import: every worker prints the same rank-table header and
 # restart lines, which deduplication would fold away (the entry points set it too).
@@ -83,6 +84,7 @@ def _cpu_ticks() -> tuple[int, int]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    timeline.mark(timeline.TEST_STARTED, who=item.nodeid)  # where RAY_DDP_TIMELINE is set
     if not _CPU_FILE:
         yield
         return

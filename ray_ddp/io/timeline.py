@@ -14,6 +14,9 @@ import os
 import time
 
 ENV = "RAY_DDP_TIMELINE"
+TEST_STARTED = "test started"
+"""A test suite's mark of each of its tests (``who``: the test's id), by which
+``benchmarks/suite_timeline.py`` tells which test started each worker group."""
 
 
 def mark(stage: str, who: str = "driver") -> None:
