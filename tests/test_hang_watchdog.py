@@ -59,28 +59,48 @@ def test_progress_keeps_it_quiet_and_silence_past_the_timeout_is_a_hang():
     assert stall.last_progress == "optimizer step 20" and stall.thread_id == threading.get_ident()
 
 
+class Clock:
+    """Time the test places (``Watchdog(clock=...)``): the rules, without sleeping."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 def test_what_is_slow_by_nature_gets_the_grace():
-    watchdog, stalls = watching(steady_s=0.3, grace_s=1.2)
-    watchdog.start()
+    clock = Clock()
+    watchdog = Watchdog(lambda stall: None, steady_s=0.3, grace_s=1.2, clock=clock)
     watchdog.doing("checkpoint", slow=True)
-    time.sleep(0.9)  # three times the steady allowance, inside the grace
-    assert not stalls
-    time.sleep(0.8)
-    watchdog.stop()
-    assert [s.phase for _, s in stalls] == ["checkpoint"] and stalls[0][1].allowed_s == 1.2
+    clock.now += 0.9  # three times the steady allowance, inside the grace
+    assert watchdog.check() is None
+    clock.now += 0.31
+    stall = watchdog.check()
+    assert stall.phase == "checkpoint" and stall.allowed_s == 1.2 and not stall.by_peer
+    watchdog.doing("training")  # the same silence in a steady phase: long past its 0.3 s
+    assert watchdog.check().allowed_s == 0.3
 
 
 def test_a_rank_inside_its_grace_writes_its_stacks_once_another_rank_found_a_hang():
+    clock, asked = Clock(), []
     found = threading.Event()
-    watchdog, stalls = watching(steady_s=0.2, grace_s=30, peer_check=found.is_set)
-    watchdog.start()
+
+    def peer_check() -> bool:
+        asked.append(clock.now)
+        return found.is_set()
+
+    watchdog = Watchdog(
+        lambda s: None, steady_s=0.2, grace_s=30, peer_check=peer_check, clock=clock
+    )
     watchdog.doing("epoch end: checkpoint and report", slow=True)
-    time.sleep(0.5)
-    assert not stalls
+    clock.now += 0.1
+    assert watchdog.check() is None and not asked  # inside the steady allowance: not asked
+    clock.now += 0.4
+    assert watchdog.check() is None and len(asked) == 1  # asked: no hang found elsewhere
     found.set()
-    time.sleep(0.3)
-    watchdog.stop()
-    assert len(stalls) == 1 and stalls[0][1].by_peer
+    stall = watchdog.check()
+    assert stall.by_peer and stall.allowed_s == 30 and stall.idle_s == pytest.approx(0.5)
 
 
 def test_the_auto_timeout_follows_the_step_time_within_its_floor_and_the_grace():
@@ -142,18 +162,33 @@ def test_the_report_has_the_stuck_threads_stack_and_a_header_to_read_back(tmp_pa
 
 
 def test_a_hung_rank_writes_its_report_waits_for_the_others_then_ends(tmp_path, monkeypatch):
-    monkeypatch.setattr(hang_dump, "PEER_WAIT_MIN_S", 1.0)
+    """It waits until every rank has reported (rank 1 here, once rank 0 has), or, for a rank
+    that never does, until the wait's limit; either way the rank then ends."""
     monkeypatch.setattr(hang_dump, "py_spy", lambda: None)  # this test is about the rest
-    site = HangSite(rank=0, world_size=2, attempt=1, folder=str(tmp_path / "attempt-1"))
     stall = Stall(1.1, 1.0, "training: waiting for data from the loader", False,
                   "optimizer step 2", threading.get_ident())  # fmt: skip
-    ended = []
-    started = time.monotonic()
+    folder = tmp_path / "attempt-1"
+    site = HangSite(rank=0, world_size=2, attempt=1, folder=str(folder))
+
+    def rank_1_reports() -> None:
+        while not (folder / "rank-0.txt").exists():
+            time.sleep(0.02)
+        (folder / "rank-1.txt").write_text("rank 1's report")
+
+    monkeypatch.setattr(hang_dump, "PEER_WAIT_MIN_S", 60.0)
+    threading.Thread(target=rank_1_reports, daemon=True).start()
+    ended, started = [], time.monotonic()
     handle_hang(stall, site, end=ended.append)
     assert ended == [hang_dump.EXIT_HUNG]
-    assert 1.0 <= time.monotonic() - started < 3, "waited for rank 1's report, not forever"
-    assert (tmp_path / "attempt-1" / "detected").read_text() == "rank 0\n"
-    assert "py-spy not found" in (tmp_path / "attempt-1" / "rank-0.txt").read_text()
+    assert time.monotonic() - started < 30, "ended once rank 1 reported, not at the limit"
+    assert (folder / "detected").read_text() == "rank 0\n"
+    assert "py-spy not found" in (folder / "rank-0.txt").read_text()
+
+    monkeypatch.setattr(hang_dump, "PEER_WAIT_MIN_S", 0.5)
+    silent = HangSite(rank=0, world_size=2, attempt=2, folder=str(tmp_path / "attempt-2"))
+    started = time.monotonic()
+    handle_hang(stall, silent, end=ended.append)
+    assert ended == [hang_dump.EXIT_HUNG] * 2 and time.monotonic() - started >= 0.5
 
 
 def test_a_silent_rank_on_this_host_is_dumped_by_pid(tmp_path):

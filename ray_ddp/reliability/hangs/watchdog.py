@@ -70,8 +70,11 @@ class Watchdog:
         steady_s: float | None,
         grace_s: float,
         peer_check: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``steady_s``: ``--hang-timeout`` (None: auto); ``grace_s``: ``--hang-grace``."""
+        """``steady_s``: ``--hang-timeout`` (None: auto); ``grace_s``: ``--hang-grace``;
+        ``clock``: seconds, monotonic (a test's own, to place time rather than sleep)."""
+        self.clock = clock
         self.on_hang = on_hang
         self.steady_s = steady_s
         self.grace_s = max(grace_s, steady_s or 0.0)
@@ -81,7 +84,7 @@ class Watchdog:
         self.phase, self.collective, self.slow = "starting", False, True
         self.last_progress = "nothing yet"
         self.last_step: int | None = None
-        self._last_time = time.monotonic()
+        self._last_time = self.clock()
         self._step_time: float | None = None
         self._intervals: deque[float] = deque(maxlen=50)
         self._thread_id = threading.get_ident()
@@ -92,7 +95,7 @@ class Watchdog:
     def start(self) -> Watchdog:
         """Watch the calling thread from now on."""
         self._thread_id = threading.get_ident()
-        self._last_time = time.monotonic()
+        self._last_time = self.clock()
         self._thread.start()
         return self
 
@@ -106,7 +109,7 @@ class Watchdog:
     def progress(self, what: str, step: int | None = None) -> None:
         """Something finished (``step``: an optimizer step, whose interval feeds the auto
         allowance when the one before it was a step too)."""
-        now = time.monotonic()
+        now = self.clock()
         if step is not None:
             if self._step_time is not None and self.last_step == step - 1:
                 self._intervals.append(now - self._step_time)
@@ -129,7 +132,7 @@ class Watchdog:
         return self.grace_s if self.slow else self.steady_allowance()
 
     def idle_s(self) -> float:
-        return time.monotonic() - self._last_time
+        return self.clock() - self._last_time
 
     def check(self) -> Stall | None:
         """A :class:`Stall` if the rank is hung now (or a peer found a hang), else None."""
