@@ -41,7 +41,9 @@ del actor  # Ray lets it go: its process starts its exit, and hangs there
 time.sleep(3)
 still = alive(pid)
 shutdown()
-time.sleep(1)
+deadline = time.monotonic() + 10
+while alive(pid) and time.monotonic() < deadline:
+    time.sleep(0.05)
 print(json.dumps({{"pid": pid, "hung": still, "after": alive(pid)}}))
 """
 
