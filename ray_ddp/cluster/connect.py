@@ -26,7 +26,13 @@ def connect(address: str | None, dashboard: bool = False) -> None:
     Ray Train's PlacementGroupCleaner is left out (``lean_trainer``), and it is a process
     tree of its own that starts with Ray and takes CPU beside the workers.
     ``dashboard=True`` (a sweep: Tune's trials clean up through its State API) or
-    ``RAY_DDP_DASHBOARD=1`` (to watch a local run at http://127.0.0.1:8265) keep it."""
+    ``RAY_DDP_DASHBOARD=1`` (to watch a local run at http://127.0.0.1:8265) keep it.
+
+    A local Ray started here stops through :func:`shutdown` when the process exits (a
+    program calling ``ray_ddp.fit`` need not), before Ray's own exit hook would stop it
+    without its hung workers."""
+    import atexit
+
     import ray
 
     if ray.is_initialized():
@@ -38,6 +44,7 @@ def connect(address: str | None, dashboard: bool = False) -> None:
         os.environ.setdefault(key, value)  # the user's own setting wins
     dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
     ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
+    atexit.register(shutdown)  # runs before ray.init's own hook (last registered, first run)
 
 
 def shutdown() -> None:
