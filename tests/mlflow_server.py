@@ -8,6 +8,8 @@ names an ``mlflow`` executable of another environment."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 import os
 import shutil
 import socket
@@ -22,11 +24,15 @@ def server_command() -> list[str] | None:
     given = os.environ.get("RAY_DDP_MLFLOW_SERVER")
     if given:
         return [given]
+    # Asked of the installed packages, not by importing the server (2 s at every
+    # collection, the fast tier's included): the full ``mlflow`` distribution, not only
+    # ``mlflow-skinny``, and the server's database layer.
     try:
-        import alembic  # noqa: F401 - the server's: mlflow-skinny lacks it
-        import mlflow.server  # noqa: F401
-        import sqlalchemy  # noqa: F401
-    except ImportError:
+        importlib.metadata.distribution("mlflow")
+        server_parts = all(importlib.util.find_spec(m) for m in ("alembic", "sqlalchemy"))
+    except importlib.metadata.PackageNotFoundError:
+        server_parts = False
+    if not server_parts:
         found = shutil.which("mlflow")
         return [found] if found else None
     return [sys.executable, "-m", "mlflow"]
