@@ -6,71 +6,91 @@ the deadline); with no room even for a checkpoint, it holds at once."""
 from __future__ import annotations
 
 import statistics
-import time
 
-from ray_ddp.worker.preemption import PreemptionWatch
+import pytest
 
-STEP_S = 0.02
-MARGIN_S = 0.5
+from ray_ddp.worker.preemption import HOLD_GRACE_S, MARGIN_S, PreemptionWatch
+
+STEP_S = 0.5
 
 
-def _watch(said: list[str], events: list[str]) -> PreemptionWatch:
-    watch = PreemptionWatch(
+class Clock:
+    """Time the test places: the watch reads it, and its hold's waits move it on (nothing
+    sleeps, and no other process's share of the CPU changes what the watch decides)."""
+
+    def __init__(self) -> None:
+        self.now = 1.8e9  # seconds since the epoch, as a notice's deadline is
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def _watch(said: list[str], events: list[str], clock: Clock) -> PreemptionWatch:
+    """A watch with the run's own margin and grace, on ``clock``."""
+    return PreemptionWatch(
         0, said.append, lambda: events.append("upload waited"), lambda: events.append("held"),
         lambda timeout_s: events.append("registration waited") or True,
+        clock=clock, sleep=clock.sleep,
     )  # fmt: skip
-    watch.hold_grace_s, watch.margin_s = 0.1, MARGIN_S
-    return watch
+
+
+def _steps(watch: PreemptionWatch, clock: Clock, steps: range) -> None:
+    """Steps of STEP_S before the notice: none asks for a checkpoint."""
+    for step in steps:
+        clock.sleep(STEP_S)
+        assert not watch(step)
 
 
 def _noticed(watch: PreemptionWatch, step: int, deadline_in: float) -> float:
     """The state a notice with a deadline leaves at ``step`` (what ``_ask`` sets from Ray's
     answer), its first checkpoint then due; the deadline."""
-    watch.deadline = time.time() + deadline_in
-    watch.insured, watch.final, watch.hold_due = (step, time.perf_counter()), None, False
+    watch.deadline = watch.clock() + deadline_in
+    watch.insured, watch.final, watch.hold_due = (step, watch.clock()), None, False
     return watch.deadline
 
 
 def test_the_last_checkpoint_comes_before_the_deadline_and_training_holds_after_it():
-    said, events = [], []
-    watch = _watch(said, events)
-    for step in range(1, 6):
-        assert not watch(step)
-        time.sleep(STEP_S)
-    checkpoint_s = 0.3
-    before = list(watch.steps_s)  # the 4 intervals of steps 1-5
-    deadline = _noticed(watch, 5, deadline_in=MARGIN_S + checkpoint_s + 1.0)
-    time.sleep(checkpoint_s)  # the notice's checkpoint
-    step = next(s for s in range(6, 500) if watch(s) or time.sleep(STEP_S))
-    left = deadline - time.time()
+    said, events, clock = [], [], Clock()
+    watch = _watch(said, events, clock)
+    _steps(watch, clock, range(1, 6))
+    checkpoint_s = 3.0
+    deadline = _noticed(watch, 5, deadline_in=MARGIN_S + checkpoint_s + 10.1)
+    clock.sleep(checkpoint_s)  # the notice's checkpoint, then steps on
+    step = 5
+    while True:
+        step += 1
+        clock.sleep(STEP_S)
+        if watch(step):
+            break
+    left = deadline - clock()
     assert said == [f"last checkpoint before the deadline: at step {step}"]
     assert step > 6  # trained on after the notice's checkpoint
-    # It measured the notice's checkpoint, and stopped at the first boundary where another
-    # step would leave less than that and the margin: the one before still had room.
-    # (what passed since the notice less the median step; with the interval of 5-6, which
-    # holds the checkpoint, that median is at most the longest of the 4 before)
-    assert watch.checkpoint_s >= checkpoint_s - max(before)
-    step_s, interval = statistics.median(watch.steps_s), watch.steps_s[-1]
-    room = step_s + watch.checkpoint_s + MARGIN_S
-    assert room - interval - 0.25 < left < room  # 0.25 s: this process descheduled
-    watch.after_checkpoint(step)  # the planned one: it holds
-    assert time.time() >= deadline + watch.hold_grace_s
+    # It measured the notice's checkpoint (the interval that held it less a step), and
+    # stopped at the first boundary where another step would leave less than that and
+    # the margin: the one before still had room.
+    assert watch.checkpoint_s == pytest.approx(checkpoint_s)
+    room = statistics.median(watch.steps_s) + watch.checkpoint_s + MARGIN_S
+    assert room - STEP_S <= left < room, (left, room)
+    watch.after_checkpoint(step)  # the planned one: it holds until the grace is out
+    assert clock() >= deadline + HOLD_GRACE_S
     assert events == ["registration waited", "upload waited", "held", "registration waited"]
     assert said[1].startswith(f"holding at step {step} until the node goes")
     assert "its checkpoint registered)" in said[1]
-    assert said[2].startswith("the node was not reclaimed by 0 s past its deadline")
+    assert said[2].startswith(f"the node was not reclaimed by {HOLD_GRACE_S:.0f} s past its")
     assert not watch(step + 1) and watch.deadline is None  # training on, as before
 
 
 def test_without_time_for_another_checkpoint_it_holds_at_once():
-    said, events = [], []
-    watch = _watch(said, events)
-    for step in range(1, 4):
-        watch(step)
-        time.sleep(STEP_S)
+    said, events, clock = [], [], Clock()
+    watch = _watch(said, events, clock)
+    _steps(watch, clock, range(1, 4))
     deadline = _noticed(watch, 3, deadline_in=MARGIN_S / 2)
+    clock.sleep(STEP_S)
     assert not watch(4)  # no checkpoint: the notice's is the last; held here
-    assert time.time() >= deadline + watch.hold_grace_s
+    assert clock() >= deadline + HOLD_GRACE_S
     assert said[0] == "no time for another checkpoint before the deadline"
     assert said[1].startswith("holding at step 4 until the node goes")
     assert events == ["registration waited", "upload waited", "held", "registration waited"]
@@ -81,18 +101,19 @@ def test_an_epochs_own_checkpoint_in_the_close_is_the_last_where_no_other_would_
     room to train on, its validation and checkpoint then took that room. It is the last
     checkpoint: hold after it, not after one more step that would be lost with the node.
     Where room is left after it, training goes on."""
-    said, events = [], []
-    watch = _watch(said, events)
-    for step in range(1, 6):
-        watch(step)
-        time.sleep(STEP_S)
-    deadline = _noticed(watch, 5, deadline_in=MARGIN_S + 0.4)
+    said, events, clock = [], [], Clock()
+    watch = _watch(said, events, clock)
+    _steps(watch, clock, range(1, 6))
+    deadline = _noticed(watch, 5, deadline_in=MARGIN_S + 4.0)
+    clock.sleep(1.0 + STEP_S)  # the notice's checkpoint (1 s), then step 6
     assert not watch(6)  # the notice's checkpoint measured; room to train on
+    assert watch.checkpoint_s == pytest.approx(1.0)
     watch.after_checkpoint(6)  # an epoch's end right after: still room
     assert said == [] and events == ["registration waited"] and watch.final is None
-    time.sleep(max(0.0, deadline - time.time() - MARGIN_S - watch.checkpoint_s))  # its validation
+    # Its validation: less than a step and a checkpoint left, more than a checkpoint.
+    clock.sleep(deadline - clock() - (MARGIN_S + watch.checkpoint_s + STEP_S / 2))
     watch.after_checkpoint(6)
     assert said[0] == "last checkpoint before the deadline: at step 6"
     assert said[1].startswith("holding at step 6 until the node goes")
-    assert time.time() >= deadline + watch.hold_grace_s
+    assert clock() >= deadline + HOLD_GRACE_S
     assert events[1:] == ["upload waited", "held", "registration waited"]

@@ -72,6 +72,8 @@ class PreemptionWatch:
         wait_upload: Callable[[], None] = lambda: None,
         holding: Callable[[], None] = lambda: None,
         registered: Callable[[float], bool] = registered,
+        clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.every = every_steps if notices_supported() else 0
         self.log = log
@@ -79,6 +81,10 @@ class PreemptionWatch:
         """What a hold waits for first (rank 0's checkpoint upload), and tells (the hang
         watchdog: the wait is not a hang); and how to wait for Ray to register the
         checkpoints reported."""
+        self.clock, self.sleep = clock, sleep
+        """Seconds since the epoch, the notice's deadline's clock (step times and what the
+        checkpoint took are read off it too, so the plan compares like with like), and
+        the hold's wait: a test's own, to place time rather than sleep."""
         self.hold_grace_s, self.margin_s = HOLD_GRACE_S, MARGIN_S
         self.seen: set[str] = set()
         self.asked = 0
@@ -99,7 +105,7 @@ class PreemptionWatch:
         """Set where the last checkpoint before the deadline is due: hold after it."""
 
     def __call__(self, step: int) -> bool:
-        now = time.perf_counter()
+        now = self.clock()
         if self.last is not None and self.last[0] == step - 1:
             self.steps_s.append(now - self.last[1])
         self.last = (step, now)
@@ -119,14 +125,14 @@ class PreemptionWatch:
         new = sorted(set(info.preempted_node_ids) - self.seen)
         self.seen |= set(new)
         self.deadline = info.deadline_ms / 1000 if info.deadline_ms else None
-        left = f"in {max(0.0, self.deadline - time.time()):.0f} s" if self.deadline else "soon"
+        left = f"in {max(0.0, self.deadline - self.clock()):.0f} s" if self.deadline else "soon"
         ranks = ", ".join(map(str, info.preempted_ranks))
         self.log(
             f"node {', '.join(n[:12] for n in new)} reclaimed {left} (ranks {ranks}): "
             f"checkpoint at step {step}"
         )
         if self.deadline is not None:  # without one, there is nothing to plan for
-            self.insured, self.final, self.hold_due = (step, time.perf_counter()), None, False
+            self.insured, self.final, self.hold_due = (step, self.clock()), None, False
             self.checkpoint_s = None
         return True
 
@@ -137,8 +143,8 @@ class PreemptionWatch:
         after; and where not even a checkpoint fits, hold now."""
         assert self.insured is not None and self.deadline is not None
         if self.checkpoint_s is None:  # the notice's checkpoint, written and registered
-            self.registered(self.deadline - time.time())
-            self.checkpoint_s = max(0.0, time.perf_counter() - self.insured[1] - self._step_s())
+            self.registered(self.deadline - self.clock())
+            self.checkpoint_s = max(0.0, self.clock() - self.insured[1] - self._step_s())
         decision = self._decide()
         if decision == TRAIN_ON:
             return False
@@ -173,7 +179,7 @@ class PreemptionWatch:
         while another step and a checkpoint still fit before the deadline; else checkpoint
         and hold; where not even a checkpoint fits, hold now."""
         assert self.deadline is not None and self.checkpoint_s is not None
-        left = self.deadline - time.time()
+        left = self.deadline - self.clock()
         if left < self.checkpoint_s + self.margin_s:
             decision = HOLD
         elif left < self._step_s() + self.checkpoint_s + self.margin_s:
@@ -191,13 +197,13 @@ class PreemptionWatch:
         self.hold_due = False
         self.wait_upload()
         self.holding()
-        kept = "registered" if self.registered(self.deadline - time.time()) else "not registered"
-        left = self.deadline - time.time()
+        kept = "registered" if self.registered(self.deadline - self.clock()) else "not registered"
+        left = self.deadline - self.clock()
         self.log(f"holding at step {step} until the node goes ({max(0.0, left):.0f} s to its "
                  f"deadline; its checkpoint {kept}): a step trained now would be lost "
                  "with it")  # fmt: skip
-        while time.time() < self.deadline + self.hold_grace_s:
-            time.sleep(0.2)
+        while self.clock() < self.deadline + self.hold_grace_s:
+            self.sleep(0.2)
         self.log(f"the node was not reclaimed by {self.hold_grace_s:.0f} s past its deadline: "
                  "training on")  # fmt: skip
         self.deadline = self.insured = self.final = None
