@@ -44,6 +44,7 @@ def connect(address: str | None, dashboard: bool = False) -> None:
         os.environ.setdefault(key, value)  # the user's own setting wins
     dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
     ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
+    atexit.unregister(shutdown)  # once, however many runs started a Ray in this process
     atexit.register(shutdown)  # runs before ray.init's own hook (last registered, first run)
 
 
