@@ -12,11 +12,12 @@ import importlib.metadata
 import importlib.util
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
+
+from ports import free_port
 
 
 def server_command() -> list[str] | None:
@@ -36,12 +37,6 @@ def server_command() -> list[str] | None:
         found = shutil.which("mlflow")
         return [found] if found else None
     return [sys.executable, "-m", "mlflow"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class MlflowServer:

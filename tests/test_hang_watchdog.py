@@ -14,6 +14,7 @@ import threading
 import time
 
 import pytest
+from waits import Clock
 
 from ray_ddp.config import TrainConfig
 from ray_ddp.io import reporting
@@ -57,16 +58,6 @@ def test_progress_keeps_it_quiet_and_silence_past_the_timeout_is_a_hang():
     assert 0.4 <= found_at - silent_from <= 0.4 + 2 * watchdog.check_s + 0.2
     assert stall.phase == "training: waiting for data" and not stall.collective
     assert stall.last_progress == "optimizer step 20" and stall.thread_id == threading.get_ident()
-
-
-class Clock:
-    """Time the test places (``Watchdog(clock=...)``): the rules, without sleeping."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_what_is_slow_by_nature_gets_the_grace():

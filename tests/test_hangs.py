@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import csv
 import os
-import time
 
 import pytest
 from ledgers import EXACT_RUN, assert_same_weights, stalls
+from waits import gone
 
 from ray_ddp.checkpoint.format import load_state
 from ray_ddp.driver.run import TrainingHung, fit
@@ -99,10 +99,7 @@ def test_a_hung_dataloader_worker_is_found_and_ends_the_run_with_one_line(ray_se
     # The hung loader worker did not outlive its rank.
     with open(os.path.join(run_dir, "stalled-loader")) as file:
         loader_pid = int(file.read())
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(loader_pid):
-        time.sleep(0.2)
-    assert not _alive(loader_pid)
+    assert gone(loader_pid)
 
 
 def test_a_rank_frozen_holding_pythons_lock_is_dumped_by_its_peer(ray_session, tmp_path):
@@ -123,12 +120,6 @@ def test_a_rank_frozen_holding_pythons_lock_is_dumped_by_its_peer(ray_session, t
     frozen, text = read_report(os.path.join(folder, "rank-1.txt"))
     assert frozen["found_by"].startswith("rank 0's py-spy: its own watchdog never ran")
     assert "sleep (libc" in text  # the native call it is in
-
-
-def _alive(pid: int) -> bool:
-    from ray_ddp.cluster.connect import _process
-
-    return _process(pid) != ()  # () once gone or a zombie
 
 
 def test_a_straggler_is_named_and_slow_starts_and_checkpoints_are_no_hang(ray_session, tmp_path):

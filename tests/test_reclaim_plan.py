@@ -8,24 +8,13 @@ from __future__ import annotations
 import statistics
 
 import pytest
+from waits import Clock
 
 from ray_ddp.worker.preemption import HOLD_GRACE_S, MARGIN_S, PreemptionWatch
 
 STEP_S = 0.5
-
-
-class Clock:
-    """Time the test places: the watch reads it, and its hold's waits move it on (nothing
-    sleeps, and no other process's share of the CPU changes what the watch decides)."""
-
-    def __init__(self) -> None:
-        self.now = 1.8e9  # seconds since the epoch, as a notice's deadline is
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
+NOW = 1.8e9
+"""Where the tests' clock starts: seconds since the epoch, as a notice's deadline is."""
 
 
 def _watch(said: list[str], events: list[str], clock: Clock) -> PreemptionWatch:
@@ -53,7 +42,7 @@ def _noticed(watch: PreemptionWatch, step: int, deadline_in: float) -> float:
 
 
 def test_the_last_checkpoint_comes_before_the_deadline_and_training_holds_after_it():
-    said, events, clock = [], [], Clock()
+    said, events, clock = [], [], Clock(NOW)
     watch = _watch(said, events, clock)
     _steps(watch, clock, range(1, 6))
     checkpoint_s = 3.0
@@ -84,7 +73,7 @@ def test_the_last_checkpoint_comes_before_the_deadline_and_training_holds_after_
 
 
 def test_without_time_for_another_checkpoint_it_holds_at_once():
-    said, events, clock = [], [], Clock()
+    said, events, clock = [], [], Clock(NOW)
     watch = _watch(said, events, clock)
     _steps(watch, clock, range(1, 4))
     deadline = _noticed(watch, 3, deadline_in=MARGIN_S / 2)
@@ -101,7 +90,7 @@ def test_an_epochs_own_checkpoint_in_the_close_is_the_last_where_no_other_would_
     room to train on, its validation and checkpoint then took that room. It is the last
     checkpoint: hold after it, not after one more step that would be lost with the node.
     Where room is left after it, training goes on."""
-    said, events, clock = [], [], Clock()
+    said, events, clock = [], [], Clock(NOW)
     watch = _watch(said, events, clock)
     _steps(watch, clock, range(1, 6))
     deadline = _noticed(watch, 5, deadline_in=MARGIN_S + 4.0)
