@@ -1,7 +1,7 @@
 """What one fit costs on a Ray that is already up, as the test suite's fits run (one
 shared local Ray, fits back to back), and how much of it is Ray Train's own.
 
-    python benchmarks/fit_floor.py                # 5 rounds, about 4 minutes on 2 cores
+    python benchmarks/fit_floor.py                # 5 rounds, about 3 minutes on 2 cores
     python benchmarks/fit_floor.py --rounds 8
 
 Three cases, interleaved round by round on one ``ray.init(num_cpus=2)``:
@@ -140,6 +140,8 @@ def main() -> None:
 
     import ray
 
+    from ray_ddp.cluster.connect import shutdown
+
     cases = args.cases.split(",")
     seconds: dict[str, list[float]] = {case: [] for case in cases}
     began = time.perf_counter()
@@ -152,7 +154,7 @@ def main() -> None:
                     seconds[case].append(fit_once(case, storage, f"{case}-{round_}"))
                     print(f"round {round_ + 1}/{args.rounds} {case}: {seconds[case][-1]:.2f} s")
     finally:
-        ray.shutdown()
+        shutdown()  # with any worker hung in its exit (cluster/connect.py)
     took = time.perf_counter() - began
     text = report(seconds, args.rounds, took)
     write_report(args.out, "fit_floor", {"seconds": seconds, "rounds": args.rounds}, text)
