@@ -118,6 +118,12 @@ class StepTimer:
         }
 
 
+def median_range(values: list[float], digits: int = 2) -> str:
+    """Repeated figures as the reports give them: the median (min–max)."""
+    lo, med, hi = min(values), statistics.median(values), max(values)
+    return f"{med:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
+
+
 def paired_figures(pairs: list[dict[str, Any]]) -> dict[str, float]:
     """An interleaved A/B's figures from its pairs (each with an ``on`` and an ``off``
     figure): the on/off ratio pair by pair (median, min, max) and each arm's median."""

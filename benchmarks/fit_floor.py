@@ -34,7 +34,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-from common import write_report  # noqa: E402 - benchmarks/ is on the path
+from common import median_range, write_report  # noqa: E402 - benchmarks/ is on the path
 from run import machine  # noqa: E402
 
 SUITE_GROUPS = 80  # worker groups in one whole-suite run (suite_timeline.py, 2026-12-03)
@@ -90,13 +90,11 @@ def fit_once(case: str, storage: str, name: str) -> float:
 
 
 def report(seconds: dict[str, list[float]], rounds: int, took_s: float) -> str:
-    rows = []
-    for case, values in seconds.items():
-        median = statistics.median(values)
-        rows.append(
-            f"| `{case}` | {median:.2f} ({min(values):.2f}-{max(values):.2f}) "
-            f"| {median * SUITE_GROUPS / 60:.1f} |"
-        )
+    rows = [
+        f"| `{case}` | {median_range(values)} "
+        f"| {statistics.median(values) * SUITE_GROUPS / 60:.1f} |"
+        for case, values in seconds.items()
+    ]
     return "\n".join(
         [
             "# What one fit costs on a Ray already up",
@@ -108,7 +106,7 @@ def report(seconds: dict[str, list[float]], rounds: int, took_s: float) -> str:
             "",
             f"- machine: {json.dumps(machine())}",
             "",
-            f"| case | s per fit, median (min-max) | minutes for {SUITE_GROUPS} such fits |",
+            f"| case | s per fit, median (min–max) | minutes for {SUITE_GROUPS} such fits |",
             "|---|---:|---:|",
             *rows,
             "",

@@ -32,7 +32,7 @@ from typing import Any
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from common import write_report  # noqa: E402
+from common import median_range, write_report  # noqa: E402
 from run import BY_NAME, ROOT, Settings, command, environment, machine  # noqa: E402
 
 FIRST = "rank 0: first optimizer step"
@@ -234,11 +234,6 @@ def one_run(
         "training_s": ended - first,
         "samples_per_s": 2 * steady if steady else None,
     }
-
-
-def median_range(values: list[float], digits: int = 2) -> str:
-    lo, med, hi = min(values), statistics.median(values), max(values)
-    return f"{med:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
 def timeline_table(runs: list[dict[str, Any]]) -> list[str]:
