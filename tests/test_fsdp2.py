@@ -41,12 +41,15 @@ from ray_ddp.worker.sharding import bf16_policy, default_blocks
 TASK = "ray_ddp.image_classification:ImageClassification"
 
 # 10 optimizer steps of 64 samples per epoch: 16 per micro-batch x 2 workers x 2, or
-# x 1 worker x 4. Validation: 129 samples in batches of 32, so rank 0 has 3 batches and
-# rank 1 two (FSDP2's forwards must still be run by both).
+# x 1 worker x 4; the last step of each epoch is short, 48 samples in 3 micro-batches, so at
+# 2 workers rank 1 has one where rank 0 has two (under FSDP2 it runs a weight-0 filler as
+# its second: every forward and backward all-gathers, and a rank missing one would hang).
+# Validation: 129 samples in batches of 32, so rank 0 has 3 batches and rank 1 two (FSDP2's
+# forwards must still be run by both).
 RUN = {
     "model": "small_cnn",
     "epochs": 2,
-    "train_samples": 640,
+    "train_samples": 624,
     "val_samples": 129,
     "batch_size": 16,
     "accum_steps": 2,

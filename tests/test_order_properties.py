@@ -79,10 +79,10 @@ def worlds(plan: EpochPlan) -> list[int]:
     return list(range(1, min(MAX_WORLD, plan.micro_per_step) + 1))
 
 
-def trained(plan: EpochPlan, world: int) -> Steps:
+def trained(plan: EpochPlan, world: int, lockstep: bool = False) -> Steps:
     """Every rank's slots at ``world``, checked for their shape, as (step, micro) -> indices
     of the real micro-batches (each trained by exactly one rank)."""
-    ranks = [plan.slots(rank, world) for rank in range(world)]
+    ranks = [plan.slots(rank, world, lockstep) for rank in range(world)]
     steps: Steps = {}
     for slots in ranks:
         for slot in slots:
@@ -96,7 +96,7 @@ def trained(plan: EpochPlan, world: int) -> Steps:
         samples[step] += len(indices)
     assert sorted(counts) == list(range(plan.steps))
     for rank, slots in enumerate(ranks):
-        _assert_rank_slots(slots, rank, world, counts, samples, steps)
+        _assert_rank_slots(slots, rank, world, counts, samples, steps, lockstep)
     return steps
 
 
@@ -107,13 +107,16 @@ def _assert_rank_slots(
     counts: dict[int, int],
     samples: dict[int, int],
     steps: Steps,
+    lockstep: bool,
 ) -> None:
     """Rank ``rank`` takes part in every step, in order: micro-batches rank, rank + world,
     ... of it, or one filler (the step's first micro-batch again, weight 0) where the step
-    has none for it; its last slot of a step, and only that one, all-reduces; every slot
-    carries its step's sample count, the sum of its micro-batches' sizes (property 4: the
-    loop's weights, size x world / step_samples with DDP dividing by world, then make each
-    step the mean over its samples)."""
+    has none for it; in ``lockstep`` (FSDP2) fillers after its own up to the step's most,
+    ``ceil(micro-batches / world)``, so every rank runs as many passes; its last slot of a
+    step, and only that one, all-reduces; every slot carries its step's sample count, the
+    sum of its micro-batches' sizes (property 4: the loop's weights, size x world /
+    step_samples with DDP dividing by world, then make each step the mean over its
+    samples)."""
     by_step: dict[int, list[Slot]] = defaultdict(list)
     for slot in slots:
         by_step[slot.step].append(slot)
@@ -121,16 +124,14 @@ def _assert_rank_slots(
     assert sorted(by_step) == sorted(counts), f"rank {rank} misses a step"
     for step, mine in by_step.items():
         micros = counts[step]
-        expected = list(range(rank, micros, world)) or [micros]
-        assert [s.micro for s in mine] == expected
+        own = list(range(rank, micros, world))
+        passes = -(-micros // world) if lockstep else max(1, len(own))
+        assert [s.micro for s in mine] == own + list(range(micros, micros + passes - len(own)))
         assert [s.boundary for s in mine] == [False] * (len(mine) - 1) + [True]
         assert all(s.step_samples == samples[step] for s in mine), "step_samples is not its sum"
-        if rank >= micros:
-            (filler,) = mine
-            assert filler.filler and filler.size == 0
-            assert filler.indices == steps[(step, 0)]
-        else:
-            assert not any(s.filler for s in mine)
+        assert [s.filler for s in mine] == [False] * len(own) + [True] * (passes - len(own))
+        for filler in mine[len(own) :]:
+            assert filler.size == 0 and filler.indices == steps[(step, 0)]
 
 
 def _assert_one_epoch(plan: EpochPlan, steps: Steps) -> None:
@@ -252,6 +253,20 @@ def test_the_streamed_order_trains_every_row_once_alike_at_every_world_size(plan
 def test_the_in_memory_order_trains_every_row_once_alike_at_every_world_size(plan, data):
     steps = _assert_epoch(plan)
     _assert_resumes(plan, steps, data)
+
+
+@PROPERTIES
+@given(plan=st.one_of(plans(streamed=False), plans(streamed=True)))
+def test_in_lockstep_every_rank_runs_as_many_passes_per_step_on_the_same_micro_batches(plan):
+    """FSDP2's order (``lockstep``): the same real micro-batches as DDP's at every world
+    size (fillers aside), and every rank the same number of forward and backward passes in
+    each step, a short step's (the epoch's last, or any where the world size does not
+    divide the micro-batches) made up by weight-0 fillers."""
+    reference = trained(plan, 1)
+    for world in worlds(plan):
+        assert trained(plan, world, lockstep=True) == reference
+        counts = [Counter(s.step for s in plan.slots(r, world, True)) for r in range(world)]
+        assert all(c == counts[0] for c in counts), f"ranks differ in passes at {world}"
 
 
 @PROPERTIES

@@ -91,9 +91,12 @@ def make_loaders(
     # does not depend on the world size: every optimizer step trains the same samples at
     # any number of workers, and every sample once per epoch (see ray_ddp.data.order.global_order).
     augmented = task.random_samples(cfg)
+    # FSDP2 all-gathers parameters in every forward and backward: every rank must run as
+    # many as the others in each step (a short one's are weight-0 fillers).
     order = {
         "batch_size": cfg.batch_size, "global_batch": cfg.global_batch_size, "seed": cfg.seed,
         "rank": rank, "world_size": world_size, "tag_epoch": augmented,
+        "lockstep": cfg.strategy == "fsdp2",
     }  # fmt: skip
     streamed = streamed_split(train_ds)
     if streamed is not None:  # a streamed Parquet split: the sampler reads the rows

@@ -21,9 +21,12 @@ step's first micro-batch again) with weight 0, because every rank must take part
 gradient all-reduce. Ranks training different numbers of micro-batches in a step is safe
 for DDP: each still runs exactly one synchronised backward per step (the others are under
 ``no_sync``), and DDP broadcasts buffers once per step, at a rank's first forward after a
-synchronised one. Micro-batch contents do not depend on the world size either, so
-BatchNorm's batch statistics in training do not; its running statistics (buffers, not
-weights) follow the micro-batches rank 0 sees, which do.
+synchronised one. It is not for FSDP2, whose every forward and backward all-gathers the
+parameters (a collective, ``no_sync`` or not): there (``lockstep``) a rank short of
+micro-batches in a step trains fillers up to the step's most, so every rank runs the same
+number of forward and backward passes. Micro-batch contents do not depend on the world
+size either, so BatchNorm's batch statistics in training do not; its running statistics
+(buffers, not weights) follow the micro-batches rank 0 sees, which do.
 
 No Ray, no DataLoader and (but for the permutation) no torch here:
 :class:`GlobalOrderBatches` is the batch sampler a DataLoader draws from, and the training
@@ -132,11 +135,12 @@ class EpochPlan:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.size, generator=generator).tolist()
 
-    def slots(self, rank: int, world_size: int) -> list[Slot]:
+    def slots(self, rank: int, world_size: int, lockstep: bool = False) -> list[Slot]:
         """What rank ``rank`` of ``world_size`` trains, step by step: micro-batches
         ``rank``, ``rank + world_size``, ... of each step (where ``world_size`` does not
         divide them, some ranks train one more), or a filler where a short last step
-        leaves it none."""
+        leaves it none. ``lockstep`` (FSDP2): a rank with fewer than the step's most
+        trains fillers after its own, so that every rank runs as many passes."""
         accumulation(self.global_batch, self.batch_size, world_size)  # refuses too many ranks
         order, bounds, per_step = self.order(), self.bounds(), self.micro_per_step
         slots = []
@@ -144,16 +148,20 @@ class EpochPlan:
             micro = bounds[step * per_step : (step + 1) * per_step]
             samples = micro[-1][1] - micro[0][0]
             mine = list(range(rank, len(micro), world_size))
-            for turn, number in enumerate(mine or [len(micro)]):
-                begin, end = micro[number] if mine else micro[0]
+            most = -(-len(micro) // world_size) if lockstep else 1
+            # A filler's number is past the step's last micro-batch (its dropout seed).
+            numbers = mine + list(range(len(micro), len(micro) + most - len(mine)))
+            for turn, number in enumerate(numbers):
+                filler = number >= len(micro)
+                begin, end = micro[0] if filler else micro[number]
                 slots.append(
                     Slot(
                         indices=order[begin:end],
                         step=step,
                         micro=number,
-                        boundary=turn == max(1, len(mine)) - 1,
+                        boundary=turn == len(numbers) - 1,
                         step_samples=samples,
-                        filler=not mine,
+                        filler=filler,
                     )
                 )
         return slots
@@ -166,10 +174,12 @@ class GlobalOrderBatches:
 
     def __init__(
         self, size: int, *, batch_size: int, global_batch: int, seed: int, rank: int,
-        world_size: int, tag_epoch: bool,
+        world_size: int, tag_epoch: bool, lockstep: bool = False,
     ) -> None:  # fmt: skip
         self.size, self.batch_size, self.global_batch = size, batch_size, global_batch
         self.seed, self.rank, self.world_size, self.tag_epoch = seed, rank, world_size, tag_epoch
+        self.lockstep = lockstep
+        """Every rank the same number of micro-batches per step (FSDP2; ``EpochPlan.slots``)."""
         self.set_position(0, 0)
 
     pieces: tuple[int, ...] | None = None  # a streamed split's row groups (see EpochPlan)
@@ -181,7 +191,7 @@ class GlobalOrderBatches:
             self.size, self.batch_size, self.global_batch, self.seed, epoch, start,
             self.pieces, self.buffer,
         )  # fmt: skip
-        self.slots = self.plan.slots(self.rank, self.world_size)
+        self.slots = self.plan.slots(self.rank, self.world_size, self.lockstep)
 
     def describe(self) -> str | None:
         """A line for the log about how the order reads its data (none: read by index)."""
