@@ -1,12 +1,15 @@
 """``--checkpoint-mode async``: training takes a snapshot in host memory and goes on while
 Ray's upload thread writes and uploads it; Ray registers it once it is complete.
 
-No Ray for the first tests (the snapshot's copies, reused memory). The last runs the
+No Ray for the first tests (the snapshot's copies, reused memory; the upload against an S3
+server that refuses writes for a while, ``s3server.FAULTS``). The last runs the
 exactness run (``ledgers.EXACT_RUN``) with asynchronous checkpoints on the session's S3
 server, holds the upload of the checkpoint at step 20 (the harness), and while it is held:
 the checkpoint of step 10 is still the registered one and nothing of step 20's is in the
 bucket; then a worker is SIGKILLed, the restart resumes from step 10, and the run ends with
-the weights of the uninterrupted run, bit for bit."""
+the weights of the uninterrupted run, bit for bit. Step 10's upload had been refused by the
+server for a while (503 SlowDown) and tried again, while the snapshot of step 20 was
+taken: the checkpoint resumed from holds step 10's weights."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from test_reliability import Driver, _assert_identical, _straight_weights, _unti
 from test_s3_storage import _keys
 
 from ray_ddp.checkpoint.format import Snapshots, load_checkpoint_state
+from ray_ddp.compat.checkpoint_upload import CheckpointUploadError, put_checkpoint
 from ray_ddp.io import storage
 from ray_ddp.testing.harness import Harness, Stall, upload_marker
 
@@ -50,6 +54,52 @@ def test_a_snapshot_is_a_copy_training_cannot_change_in_memory_it_reuses():
     assert torch.equal(second["model"]["weight"], model.weight.detach())
 
 
+def _impatient_s3():
+    """The session's S3 server through a client that does not retry a request itself (the
+    AWS SDK's default tries each for about 6 s): every refusal reaches the upload's code."""
+    import pyarrow.fs
+
+    endpoint = os.environ["AWS_ENDPOINT_URL"].removeprefix("http://")
+    return pyarrow.fs.S3FileSystem(
+        endpoint_override=endpoint, scheme="http", region="us-east-1",
+        retry_strategy=pyarrow.fs.AwsStandardS3RetryStrategy(max_attempts=1),
+    )  # fmt: skip
+
+
+def test_an_upload_refused_for_a_while_is_tried_again_and_one_refused_to_the_end_leaves_nothing(
+    s3, tmp_path, capfd
+):
+    local = tmp_path / "checkpoint"
+    local.mkdir()
+    (local / "extra.bin").write_bytes(b"e" * 100)  # uploaded before state.pt (sorted)
+    (local / "state.pt").write_bytes(os.urandom(3000))
+    fs, prefix = _impatient_s3(), f"{s3server.BUCKET}/upload-{os.getpid()}"
+    said: list[str] = []
+    try:
+        s3server.FAULTS.fail_puts("checkpoint_a/state.pt", 2)
+        put_checkpoint(str(local), fs, f"{prefix}/checkpoint_a", said.append, 3, 0.05)
+        assert len(s3server.FAULTS.refused) == 2
+        assert [line.split(" (")[0] for line in said] == [
+            "checkpoint checkpoint_a: the upload failed"
+        ] * 2
+        assert "SLOW_DOWN" in said[0] and said[1].endswith("try 3 of 3 in 0 s")
+        uri = f"s3://{prefix}/checkpoint_a"
+        assert storage.read_bytes(f"{uri}/state.pt") == (local / "state.pt").read_bytes()
+
+        s3server.FAULTS.fail_puts("checkpoint_b/state.pt", 10**6)  # to the end
+        with pytest.raises(CheckpointUploadError) as failed:
+            put_checkpoint(str(local), fs, f"{prefix}/checkpoint_b", said.append, 2, 0.05)
+        message = str(failed.value)
+        assert message.startswith("checkpoint checkpoint_b could not be uploaded in 2 tries (")
+        assert message.endswith("; nothing of it is left") and "SLOW_DOWN" in message
+        # Ray tries an upload function again when its error names a retryable AWS error.
+        assert "AWS Error" not in message
+        assert _keys(f"s3://{prefix}/checkpoint_b") == []  # extra.bin was written, then removed
+    finally:
+        s3server.FAULTS.clear()
+    assert "Error ignored" not in capfd.readouterr().err  # no error swallowed by a destructor
+
+
 @pytest.mark.ray
 def test_an_upload_in_flight_is_never_registered_and_a_kill_resumes_bit_identical(
     ray_session, straight_run, tmp_path
@@ -65,6 +115,10 @@ def test_an_upload_in_flight_is_never_registered_and_a_kill_resumes_bit_identica
         harness.to_env(),
     )  # fmt: skip
     stall = storage.join(run_dir, "stalled-step-23-rank-1")
+    # Step 10's upload is refused for 3 s: the AWS SDK's own retries give up, so the upload
+    # is tried again (2 s later, then 4) while training goes on to step 20, whose snapshot
+    # must not take the memory step 10's is still written from.
+    s3server.FAULTS.fail_puts(f"/async-{os.getpid()}/held/checkpoint_", seconds=3.0)
     try:
         snapshot_file = storage.join(run_dir, "checkpoint_manager_snapshot.json")
         text = _until("the held upload, rank 1 at step 23 and the controller's snapshot",
@@ -79,9 +133,13 @@ def test_an_upload_in_flight_is_never_registered_and_a_kill_resumes_bit_identica
         os.kill(pid, signal.SIGKILL)
         assert driver.wait() == 0, "\n".join(driver.lines[-30:])
     finally:
+        s3server.FAULTS.clear()
         if driver.proc.poll() is None:
             driver.proc.kill()
     assert any("checkpoints are asynchronous: each takes a" in ln for ln in driver.lines)
+    retried = [ln for ln in driver.lines if ": the upload failed (" in ln]
+    assert retried and "SLOW_DOWN" in retried[0] and "try 2 of 4 in 2 s" in retried[0], retried
+    assert not any("Error ignored" in ln for ln in driver.lines)  # none swallowed
     resumed = [line for line in driver.lines if line.startswith("resumed from")]
     assert len(resumed) == 1 and "10 steps done, 640 samples into epoch 1" in resumed[0], resumed
     with open(summary) as f:

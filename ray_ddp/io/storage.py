@@ -155,19 +155,61 @@ def local_copy(path: str) -> Iterator[str]:
         yield local
 
 
+def local_files(local_dir: str) -> list[str]:
+    """The files under local directory ``local_dir``, as ``/``-separated relative paths."""
+    return sorted(
+        os.path.relpath(os.path.join(root, name), local_dir).replace(os.sep, "/")
+        for root, _, files in os.walk(local_dir)
+        for name in files
+    )
+
+
 def upload_dir(local_dir: str, target: str) -> list[str]:
     """Copy the files under local directory ``local_dir`` to ``target`` (a local path or a
     URI), each written completely or not at all; returns the targets written."""
     written = []
-    for root, _, files in os.walk(local_dir):
-        for name in sorted(files):
-            source = os.path.join(root, name)
-            relative = os.path.relpath(source, local_dir).replace(os.sep, "/")
-            with open(source, "rb") as f:
-                data = f.read()
-            written.append(join(target, relative))
-            write_bytes(written[-1], data)
+    for relative in local_files(local_dir):
+        with open(os.path.join(local_dir, relative), "rb") as f:
+            data = f.read()
+        written.append(join(target, relative))
+        write_bytes(written[-1], data)
     return written
+
+
+def put_files(local_dir: str, fs, inner: str) -> None:
+    """Copy the files under local directory ``local_dir`` into directory ``inner`` of
+    pyarrow filesystem ``fs``: each in one write (an object appears complete or not at
+    all), closed here so that a failed upload raises to the caller (not later, from a
+    destructor). No directory markers on an object store. What a failure leaves half
+    done is the caller's to remove (``inner`` is not yet anyone's: an unregistered
+    checkpoint)."""
+    import pyarrow.fs
+
+    if isinstance(fs, pyarrow.fs.LocalFileSystem):
+        fs.create_dir(inner, recursive=True)
+    for relative in local_files(local_dir):
+        with open(os.path.join(local_dir, relative), "rb") as f:
+            data = f.read()
+        if "/" in relative and isinstance(fs, pyarrow.fs.LocalFileSystem):
+            fs.create_dir(f"{inner}/{relative.rsplit('/', 1)[0]}", recursive=True)
+        out = fs.open_output_stream(f"{inner}/{relative}")
+        try:
+            out.write(data)
+        finally:
+            out.close()
+
+
+def remove_dir(fs, inner: str) -> str | None:
+    """Remove directory ``inner`` of pyarrow filesystem ``fs`` and all under it (nothing
+    there is no error); returns why it could not, or None."""
+    import pyarrow.fs
+
+    try:
+        if fs.get_file_info(inner).type != pyarrow.fs.FileType.NotFound:
+            fs.delete_dir(inner)
+    except OSError as exc:
+        return str(exc)
+    return None
 
 
 def remove_local(path: str) -> None:

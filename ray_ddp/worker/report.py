@@ -7,7 +7,8 @@ optimizer-step boundary.
 only takes a snapshot of the state in host memory; Ray's upload thread writes and uploads
 it while training goes on, and registers it once it is complete in storage (a crash
 before that leaves the previous checkpoint the latest). At most one is in flight: the next
-checkpoint waits for the previous upload, and says so."""
+checkpoint waits for the previous upload, and says so. A snapshot's memory is its own until
+its upload finally succeeds or finally fails (``compat.checkpoint_upload`` retries it)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from typing import Any
 import ray.train
 
 from ray_ddp.checkpoint.format import Snapshots, is_fsdp, state_of, write_state
-from ray_ddp.compat.checkpoint_upload import async_upload_supported, report_async
+from ray_ddp.compat.checkpoint_upload import async_upload_supported, report_async, report_sync
 from ray_ddp.config import TrainConfig
 from ray_ddp.io import reporting
 from ray_ddp.testing import harness as rig
@@ -85,7 +86,7 @@ class CheckpointWriter:
             write_state(directory, copy)
 
         try:
-            report_async(metrics, write, self.idle.set)
+            report_async(metrics, write, self.idle.set, self.log)
         except BaseException:
             self.idle.set()
             raise
@@ -186,7 +187,10 @@ def checkpoint_and_report(
             # SYNC upload: the checkpoint is in storage when report returns. Sharded: Ray
             # copies every rank's files into the one checkpoint and registers it only once
             # every rank's report is in (never a checkpoint with a shard missing).
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+            if sharded:
+                ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(directory))
+            else:
+                report_sync(metrics, directory, worker.log)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
     if writer is not None:
