@@ -24,8 +24,8 @@ class Faults:
     """Failures for the server to answer with: PUT requests (objects and multipart parts)
     whose path contains a rule's ``match`` are refused with 503 SlowDown, the error a
     throttled S3 gives (and that AWS clients and Ray retry): the next ``times`` of them,
-    or all of them for ``seconds`` from the first one refused (a store that fails for a
-    while, however often its clients retry)."""
+    all of them for ``seconds`` from the first one refused, or all of them until the test
+    clears the rules (a store that fails for a while, however often its clients retry)."""
 
     SLOW_DOWN = (
         b'<?xml version="1.0" encoding="UTF-8"?>\n<Error><Code>SlowDown</Code>'
@@ -39,7 +39,7 @@ class Faults:
         """Every path refused, in order."""
 
     def fail_puts(self, match: str, times: int | None = None, seconds: float | None = None):
-        assert (times is None) != (seconds is None), "a count or a time"
+        assert times is None or seconds is None, "a count, a time or until cleared"
         with self.lock:
             self.rules.append({"match": match, "times": times, "seconds": seconds, "until": None})
 
@@ -60,7 +60,7 @@ class Faults:
                     if rule["times"] == 0:
                         continue
                     rule["times"] -= 1
-                else:
+                elif rule["seconds"] is not None:
                     if rule["until"] is None:  # the window opens at the first refusal
                         rule["until"] = now + rule["seconds"]
                     if now >= rule["until"]:
