@@ -115,21 +115,30 @@ def load_shards(
 ) -> None:
     """Every rank (a collective): the slices of ``directory/shards`` this rank's shards
     hold, into the sharded ``model`` (and ``optimizer``'s state if ``with_optimizer``),
-    whatever the world size that wrote them."""
+    whatever the world size that wrote them. Without it the optimizer is not touched: it
+    starts fresh, as DDP's does (``load_model_shards``)."""
+    if not with_optimizer:
+        load_model_shards(directory, model)
+        return
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     wanted = {"model": model_state, "optimizer": optimizer_state}
-    if not with_optimizer:
-        del wanted["optimizer"]
     dcp.load(wanted, checkpoint_id=os.path.join(directory, SHARDS))
-    if with_optimizer:
-        set_state_dict(model, optimizer, model_state_dict=wanted["model"],
-                       optim_state_dict=wanted["optimizer"])  # fmt: skip
-    else:
-        set_model_state_dict(model, wanted["model"])
+    set_state_dict(model, optimizer, model_state_dict=wanted["model"],
+                   optim_state_dict=wanted["optimizer"])  # fmt: skip
+
+
+def load_model_shards(directory: str, model: nn.Module) -> None:
+    """Every rank (a collective): the model's slices of ``directory/shards`` into the
+    sharded ``model``, and nothing else. Not through ``get_state_dict(model, optimizer)``:
+    to have a state to read into, that steps an optimizer without one once on zero
+    gradients (AdamW's then says step 1, with zero moments), so a resume with another
+    ``--optimizer`` kind would not start it fresh."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    wanted = {"model": get_model_state_dict(model)}
+    dcp.load(wanted, checkpoint_id=os.path.join(directory, SHARDS))
+    set_model_state_dict(model, wanted["model"])
