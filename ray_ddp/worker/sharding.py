@@ -17,13 +17,18 @@ workers resumes on M.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ray_ddp.checkpoint.format import SHARDS
+
+if TYPE_CHECKING:
+    from ray_ddp.task import Task
 
 
 def default_blocks(model: nn.Module) -> list[nn.Module]:
@@ -47,6 +52,23 @@ def default_blocks(model: nn.Module) -> list[nn.Module]:
 
 def _holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
+
+
+def task_blocks(task: Task, model: nn.Module) -> list[nn.Module]:
+    """The units ``model`` is sharded in: the task's ``fsdp_blocks``, else
+    :func:`default_blocks`."""
+    blocks = task.fsdp_blocks(model)
+    return default_blocks(model) if blocks is None else list(blocks)
+
+
+def held_bytes(model: nn.Module) -> int:
+    """The bytes of ``model``'s parameters and buffers held by this process: of a sharded
+    parameter (a DTensor), its local shard only."""
+    held = 0
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        held += local.numel() * local.element_size()
+    return held
 
 
 def bf16_policy(model: nn.Module, amp: str) -> bool:
