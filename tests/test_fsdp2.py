@@ -284,17 +284,27 @@ def test_a_resume_with_another_optimizer_starts_it_fresh_under_both_strategies(
 
 
 @pytest.mark.ray
-def test_evaluate_and_export_read_a_sharded_checkpoint(runs, tmp_path):
-    from ray_ddp.driver.evaluate import run_evaluation
+def test_evaluate_and_export_read_a_sharded_checkpoint(runs, s3):
+    """Export reads the shards into one plain model. ``jobs/evaluate.py`` evaluates them
+    sharded, as training validated them: on 2 workers, each reading the slices it holds
+    from its own download of the checkpoint (here on S3), and holding half the model."""
+    import s3server
+
+    from ray_ddp.driver.evaluate import results_text, run_evaluation
+    from ray_ddp.io import storage
 
     fsdp = runs["fsdp"]
     assert os.path.exists(fsdp["export"]["state_dict"])  # exported from the shards
     exported = torch.load(fsdp["export"]["state_dict"], weights_only=True)
     best = load_model(fsdp["best"]["checkpoint"]).state_dict()
     assert all(torch.equal(exported[k], v) for k, v in best.items())
-    results = run_evaluation(
-        fsdp["latest_checkpoint"], "val", {"num_workers": 2}, predictions_path=None
-    )
-    # Plain models on 2 workers give the figures FSDP2's sharded evaluation gave.
+    uri = f"s3://{s3server.BUCKET}/fsdp2/{os.path.basename(fsdp['latest_checkpoint'])}"
+    storage.upload_dir(fsdp["latest_checkpoint"], uri)
+    results = run_evaluation(uri, "val", {"num_workers": 2}, predictions_path=None)
     assert results["samples"] == RUN["val_samples"]
     assert results["metrics"]["loss"] == pytest.approx(fsdp["history"][-1]["val_loss"], rel=1e-6)
+    # The small CNN has no buffers: its parameters are split between the two, none twice.
+    whole, held = results["model_bytes"], results["held_bytes"]
+    assert whole == sum(p.numel() * p.element_size() for p in best.values())
+    assert len(held) == 2 and sum(held) == whole and max(held) < 0.6 * whole, (held, whole)
+    assert "sharded (FSDP2): the workers held " in results_text(results)
