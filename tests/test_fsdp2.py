@@ -130,6 +130,55 @@ def test_a_sharded_checkpoint_reads_into_a_plain_model_and_a_lost_shard_is_named
         load_state(str(tmp_path))
 
 
+@pytest.fixture
+def one_rank_group():
+    """A real process group of this process alone (gloo on 127.0.0.1): FSDP2 needs one."""
+    import torch.distributed as dist
+    from ports import free_port
+
+    url = f"tcp://127.0.0.1:{free_port()}"
+    dist.init_process_group("gloo", init_method=url, rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_a_sharded_resume_without_the_optimizer_leaves_it_fresh(one_rank_group, tmp_path):
+    """What a resume with another ``--optimizer`` kind does under FSDP2: the saved weights
+    read into the shards, the new optimizer untouched (no state: torch's
+    ``get_state_dict(model, optimizer)`` would have stepped it once on zero gradients,
+    AdamW's then at step 1 with zero moments). The same kind reads its state back."""
+    from ray_ddp.worker.sharding import load_shards, save_shards, shard_model
+
+    def sharded() -> nn.Module:
+        net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2))
+        return shard_model(net, [net[0], net[2]], "off", torch.device("cpu"), world_size=1)
+
+    torch.manual_seed(0)
+    trained, fresh = sharded(), sharded()
+    sgd = torch.optim.SGD(trained.parameters(), lr=0.1, momentum=0.9)
+    trained(torch.randn(3, 4)).sum().backward()
+    sgd.step()
+    save_shards(str(tmp_path), trained, sgd)
+
+    def full(net: nn.Module) -> list[torch.Tensor]:
+        return [p.full_tensor() for p in net.parameters()]
+
+    def momenta(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [
+            opt.state[p]["momentum_buffer"].full_tensor() for p in opt.param_groups[0]["params"]
+        ]
+
+    assert not all(map(torch.equal, full(trained), full(fresh)))
+    adamw = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    load_shards(str(tmp_path), fresh, adamw, with_optimizer=False)
+    steps = [float(state["step"]) for state in adamw.state.values()]
+    assert steps == [] and all(p.grad is None for p in fresh.parameters()), steps
+    assert all(map(torch.equal, full(trained), full(fresh)))
+    again = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    load_shards(str(tmp_path), fresh, again, with_optimizer=True)
+    assert all(map(torch.equal, momenta(sgd), momenta(again)))
+
+
 # ------------------------------------------------------------------ on Ray
 @pytest.fixture(scope="module")
 def runs(ray_session, tmp_path_factory):
@@ -203,17 +252,62 @@ def test_a_sharded_checkpoint_resumes_resharded_on_one_worker(runs):
 
 
 @pytest.mark.ray
-def test_evaluate_and_export_read_a_sharded_checkpoint(runs, tmp_path):
-    from ray_ddp.driver.evaluate import run_evaluation
+def test_a_resume_with_another_optimizer_starts_it_fresh_under_both_strategies(
+    runs, tmp_path, capsys
+):
+    """DDP's and FSDP2's checkpoints of step 20 (SGD), each resumed with ``--optimizer
+    adamw`` for 3 steps: both AdamWs start from nothing, so the weights still agree to
+    rounding, and both runs say so in their resume line. (FSDP2's once started at step 1
+    with zero moments, its first step 0.74 of the size: 6e-4 apart here.) Two fits."""
+    from ray_ddp.driver.run import fit
+
+    switched = {**RUN, "optimizer": "adamw", "lr": 1e-3, "epochs": 3, "max_steps": 23}
+    capsys.readouterr()
+    resumed = {
+        strategy: fit(
+            TASK,
+            storage_path=str(tmp_path),
+            name=f"adamw-{strategy}",
+            num_workers=2,
+            strategy=strategy,
+            resume_from=runs[source]["latest_checkpoint"],
+            **switched,
+        )
+        for strategy, source in (("ddp", "ddp"), ("fsdp2", "fsdp"))
+    }
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "resumed from" in ln]
+    assert len(lines) == 2, lines
+    assert all("optimizer sgd -> adamw: its state starts fresh" in ln for ln in lines), lines
+    state = load_state(resumed["ddp"]["latest_checkpoint"])
+    assert state["progress"]["step"] == 23
+    assert {float(s["step"]) for s in state["optimizer"]["state"].values()} == {3.0}
+    difference = max_difference(weights(resumed["ddp"]), weights(resumed["fsdp2"]))
+    print(f"largest weight difference after the switch to AdamW: {difference:.3g}")
+    assert difference < 1e-5, difference
+
+
+@pytest.mark.ray
+def test_evaluate_and_export_read_a_sharded_checkpoint(runs, s3):
+    """Export reads the shards into one plain model. ``jobs/evaluate.py`` evaluates them
+    sharded, as training validated them: on 2 workers, each reading the slices it holds
+    from its own download of the checkpoint (here on S3), and holding half the model."""
+    import s3server
+
+    from ray_ddp.driver.evaluate import results_text, run_evaluation
+    from ray_ddp.io import storage
 
     fsdp = runs["fsdp"]
     assert os.path.exists(fsdp["export"]["state_dict"])  # exported from the shards
     exported = torch.load(fsdp["export"]["state_dict"], weights_only=True)
     best = load_model(fsdp["best"]["checkpoint"]).state_dict()
     assert all(torch.equal(exported[k], v) for k, v in best.items())
-    results = run_evaluation(
-        fsdp["latest_checkpoint"], "val", {"num_workers": 2}, predictions_path=None
-    )
-    # Plain models on 2 workers give the figures FSDP2's sharded evaluation gave.
+    uri = f"s3://{s3server.BUCKET}/fsdp2/{os.path.basename(fsdp['latest_checkpoint'])}"
+    storage.upload_dir(fsdp["latest_checkpoint"], uri)
+    results = run_evaluation(uri, "val", {"num_workers": 2}, predictions_path=None)
     assert results["samples"] == RUN["val_samples"]
     assert results["metrics"]["loss"] == pytest.approx(fsdp["history"][-1]["val_loss"], rel=1e-6)
+    # The small CNN has no buffers: its parameters are split between the two, none twice.
+    whole, held = results["model_bytes"], results["held_bytes"]
+    assert whole == sum(p.numel() * p.element_size() for p in best.values())
+    assert len(held) == 2 and sum(held) == whole and max(held) < 0.6 * whole, (held, whole)
+    assert "sharded (FSDP2): the workers held " in results_text(results)

@@ -429,6 +429,7 @@ def test_evaluate_a_checkpoint_uri(s3_runs, capsys):
     assert results["metrics"]["acc"] == straight["final"]["val_acc"]
     assert results["metrics"]["loss"] == pytest.approx(straight["final"]["val_loss"], rel=1e-5)
     assert results["sums"]["acc"][1] == 101
+    assert results["held_bytes"] == [results["model_bytes"]] * 2  # a DDP checkpoint: whole
 
 
 @pytest.mark.ray

@@ -4,7 +4,10 @@ The same exact sharded evaluation as training's validation (``ray_ddp.worker.eva
 sample on exactly one rank, sums all-reduced) with the task's ``evaluation_metrics``
 (per-class accuracy for the built-in classification) and, optionally, every sample's
 ``predictions`` written to Parquet. The checkpoint may be a local directory or
-a storage URI.
+a storage URI: every worker reads it itself, a remote one from a download of its own
+(``worker.resume.open_checkpoint``). A sharded checkpoint (``--strategy fsdp2``) is
+evaluated sharded, each worker holding its part of the model (:func:`_checkpoint_model`);
+the results say what each held (``held_bytes``, ``model_bytes``).
 
 Unreadable samples (``ray_ddp.data.unreadable``) are skipped as in training, gathered from
 every rank and named: in the printed summary, in ``--summary-json`` (``unreadable``,
@@ -18,10 +21,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.task import Task
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from ray_ddp.worker.identity import Worker
+    from ray_ddp.worker.resume import Restored
 
 SPLITS = ("val", "train")
 NAMED = 5
@@ -31,17 +40,20 @@ NAMED = 5
 def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     import ray.train
 
-    from ray_ddp.checkpoint.format import load_model
     from ray_ddp.data.loaders import eval_loader
     from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
+    from ray_ddp.worker.collectives import all_gather
     from ray_ddp.worker.evaluate import evaluate
     from ray_ddp.worker.identity import start_worker
+    from ray_ddp.worker.resume import open_checkpoint
+    from ray_ddp.worker.sharding import held_bytes
 
     cfg = TrainConfig.from_dict(config["train"])
     task = config["task"]
     worker = start_worker(cfg.cpus_per_worker)
-    with ray.train.Checkpoint(config["checkpoint"]).as_directory() as directory:
-        model = load_model(directory, task).to(worker.device)
+    # A remote checkpoint: this rank's own download (worker.resume), as a resume reads it.
+    model, amp, whole = _checkpoint_model(open_checkpoint(config["checkpoint"]), task, cfg, worker)
+    held = all_gather(held_bytes(model))
     train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), config["facts"])
     dataset = val_ds if config["split"] == "val" else train_ds
     # Unreadable samples are skipped and named, as in training (ray_ddp.data.unreadable).
@@ -50,7 +62,7 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         collate_fn=SkipUnreadableCollate(task.collate),
     )  # fmt: skip
     result = evaluate(
-        model, loader, worker.device, task, cfg.amp, full=True, predictions=config["predictions"]
+        model, loader, worker.device, task, amp, full=True, predictions=config["predictions"]
     )
     ray.train.report({"samples": result.samples})
     if not worker.is_main:
@@ -61,6 +73,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         "sums": {name: list(pair) for name, pair in result.sums.items()},
         "samples": result.samples,
         "split_samples": len(dataset),
+        "model_bytes": whole,  # the whole model's parameters and buffers
+        "held_bytes": held,  # what each rank held of them, in rank order
         "unreadable": len(unreadable),
         "unreadable_samples": [
             {"index": b.index, "sample": b.name, "error": b.error, "rank": rank}
@@ -69,6 +83,41 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
         "predictions": result.predictions,
         "columns": result.columns,
     }
+
+
+def _checkpoint_model(
+    restored: Restored, task: Task, cfg: TrainConfig, worker: Worker
+) -> tuple[nn.Module, str, int]:
+    """The checkpoint's model on this worker, the ``--amp`` it is evaluated under, and the
+    whole model's bytes (parameters and buffers). A whole checkpoint's: the whole model on
+    every worker. A sharded one's (``--strategy fsdp2``) is read as a resume reads it:
+    each rank its slices, into the model sharded over the workers as in training (each
+    holding 1/N of every parameter, a block gathered only for its forward), never
+    gathered whole. (Each worker builds it whole first, as training does; and
+    ``shard_model`` moves it to the device before sharding it.)"""
+    from ray_ddp.checkpoint.format import is_sharded, saved_config, saved_task_meta
+    from ray_ddp.worker.sharding import (
+        bf16_policy,
+        held_bytes,
+        load_model_shards,
+        shard_model,
+        task_blocks,
+    )
+
+    state = restored.state
+    model = task.model(saved_config(state), saved_task_meta(state)["facts"])
+    whole = held_bytes(model)
+    if not is_sharded(state):
+        model.load_state_dict(state["model"])
+        return model.to(worker.device), cfg.amp, whole
+    # --amp bf16 is then mostly FSDP2's MixedPrecisionPolicy, without autocast (as training).
+    amp = "off" if bf16_policy(model, cfg.amp) else cfg.amp
+    model = shard_model(model, task_blocks(task, model), cfg.amp, worker.device, worker.world_size)
+    try:
+        load_model_shards(restored.directory, model)
+    finally:
+        restored.release()
+    return model, amp, whole
 
 
 def run_evaluation(
@@ -197,6 +246,7 @@ def results_text(results: dict[str, Any]) -> str:
         f"split {results['split']}: {results['samples']} samples on {results['world_size']} "
         "workers",
     ]
+    lines += held_lines(results)
     lines += unreadable_lines(results)
     sums = results["sums"]
     top = {k: v for k, v in results["metrics"].items() if "/" not in k}
@@ -211,6 +261,24 @@ def results_text(results: dict[str, Any]) -> str:
     if "predictions_path" in results:
         lines.append(f"predictions: {results['predictions_path']}")
     return "\n".join(lines)
+
+
+def held_lines(results: dict[str, Any]) -> list[str]:
+    """What each worker held of the model: all of it, or (a sharded checkpoint) its shard."""
+    whole, held = results.get("model_bytes"), results.get("held_bytes")
+    if not whole or not held:
+        return []
+    if all(part == whole for part in held):
+        return [f"model: {_mb(whole)} MB, whole on every worker"]
+    return [
+        f"model: {_mb(whole)} MB, sharded (FSDP2): the workers held "
+        f"{', '.join(_mb(part) for part in held)} MB, a block gathered whole only for its "
+        "forward"
+    ]
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.3g}"
 
 
 def unreadable_lines(results: dict[str, Any]) -> list[str]:

@@ -56,8 +56,7 @@ def find_restore_point(resume_from: str | None, worker: Worker) -> Restored | No
     if checkpoint is None:
         if not resume_from:
             return None
-        fs, path = filesystem(resume_from)
-        return _open(ray.train.Checkpoint(path, filesystem=fs), resume_from)
+        return open_checkpoint(resume_from)
     fs = checkpoint.filesystem  # local or s3/gs alike
     try:
         return _open(checkpoint, _shown(fs, checkpoint.path), own=True)
@@ -87,6 +86,14 @@ def _shown(fs, path: str) -> str:
     """``path`` on filesystem ``fs`` as a URI for messages (``s3://bucket/...``)."""
     scheme = _SCHEMES.get(getattr(fs, "type_name", "local"))
     return f"{scheme}://{path}" if scheme else path
+
+
+def open_checkpoint(uri: str) -> Restored:
+    """The checkpoint at ``uri`` (a local path or a storage URI: ``--resume-from``'s, or
+    the one ``jobs/evaluate.py`` evaluates), a remote one read from this process's own
+    download (:func:`_download`)."""
+    fs, path = filesystem(uri)
+    return _open(ray.train.Checkpoint(path, filesystem=fs), uri)
 
 
 def _open(checkpoint: ray.train.Checkpoint, source: str, own: bool = False) -> Restored:

@@ -17,13 +17,18 @@ workers resumes on M.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ray_ddp.checkpoint.format import SHARDS
+
+if TYPE_CHECKING:
+    from ray_ddp.task import Task
 
 
 def default_blocks(model: nn.Module) -> list[nn.Module]:
@@ -47,6 +52,23 @@ def default_blocks(model: nn.Module) -> list[nn.Module]:
 
 def _holds_parameters(module: nn.Module) -> bool:
     return next(module.parameters(), None) is not None
+
+
+def task_blocks(task: Task, model: nn.Module) -> list[nn.Module]:
+    """The units ``model`` is sharded in: the task's ``fsdp_blocks``, else
+    :func:`default_blocks`."""
+    blocks = task.fsdp_blocks(model)
+    return default_blocks(model) if blocks is None else list(blocks)
+
+
+def held_bytes(model: nn.Module) -> int:
+    """The bytes of ``model``'s parameters and buffers held by this process: of a sharded
+    parameter (a DTensor), its local shard only."""
+    held = 0
+    for tensor in itertools.chain(model.parameters(), model.buffers()):
+        local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+        held += local.numel() * local.element_size()
+    return held
 
 
 def bf16_policy(model: nn.Module, amp: str) -> bool:
@@ -115,21 +137,30 @@ def load_shards(
 ) -> None:
     """Every rank (a collective): the slices of ``directory/shards`` this rank's shards
     hold, into the sharded ``model`` (and ``optimizer``'s state if ``with_optimizer``),
-    whatever the world size that wrote them."""
+    whatever the world size that wrote them. Without it the optimizer is not touched: it
+    starts fresh, as DDP's does (``load_model_shards``)."""
+    if not with_optimizer:
+        load_model_shards(directory, model)
+        return
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        get_state_dict,
-        set_model_state_dict,
-        set_state_dict,
-    )
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
     wanted = {"model": model_state, "optimizer": optimizer_state}
-    if not with_optimizer:
-        del wanted["optimizer"]
     dcp.load(wanted, checkpoint_id=os.path.join(directory, SHARDS))
-    if with_optimizer:
-        set_state_dict(model, optimizer, model_state_dict=wanted["model"],
-                       optim_state_dict=wanted["optimizer"])  # fmt: skip
-    else:
-        set_model_state_dict(model, wanted["model"])
+    set_state_dict(model, optimizer, model_state_dict=wanted["model"],
+                   optim_state_dict=wanted["optimizer"])  # fmt: skip
+
+
+def load_model_shards(directory: str, model: nn.Module) -> None:
+    """Every rank (a collective): the model's slices of ``directory/shards`` into the
+    sharded ``model``, and nothing else. Not through ``get_state_dict(model, optimizer)``:
+    to have a state to read into, that steps an optimizer without one once on zero
+    gradients (AdamW's then says step 1, with zero moments), so a resume with another
+    ``--optimizer`` kind would not start it fresh."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    wanted = {"model": get_model_state_dict(model)}
+    dcp.load(wanted, checkpoint_id=os.path.join(directory, SHARDS))
+    set_model_state_dict(model, wanted["model"])

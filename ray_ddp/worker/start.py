@@ -29,7 +29,7 @@ from ray_ddp.worker.flops import FlopRate, count_training_flops, flops_line, run
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
-from ray_ddp.worker.sharding import bf16_policy, default_blocks, shard_model
+from ray_ddp.worker.sharding import bf16_policy, shard_model, task_blocks
 from ray_ddp.worker.state import TrainState
 
 
@@ -83,8 +83,7 @@ def wrap_model(
         model = model.to(memory_format=torch.channels_last)
     if fsdp is not None:
         task, amp, worker = fsdp
-        blocks = task.fsdp_blocks(model)
-        blocks = default_blocks(model) if blocks is None else list(blocks)
+        blocks = task_blocks(task, model)
         n = worker.world_size
         held = f"each holding 1/{n} of" if n > 1 else "1 worker: nothing to divide, it holds all"
         worker.log(
