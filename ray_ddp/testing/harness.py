@@ -200,6 +200,17 @@ def hold_upload(harness: Harness, run_dir: str, step: int) -> None:
     time.sleep(harness.hold_upload_s)
 
 
+def checkpoint_hook(harness: Harness, run_dir: str) -> Callable[[int], None]:
+    """What a test attaches to a run's checkpointer (its ``before_write``, called with the
+    checkpoint's step where it is about to be written): a held upload, a slow write."""
+
+    def before_write(step: int) -> None:
+        hold_upload(harness, run_dir, step)
+        slow_checkpoint(harness)
+
+    return before_write
+
+
 def loader_marker(run_dir: str) -> str:
     """The file a hanging DataLoader worker writes (``<run>/stalled-loader``: its pid)."""
     return os.path.join(run_dir, "stalled-loader")

@@ -35,10 +35,12 @@ from ray_ddp.reliability.hangs.watchdog import NullWatchdog, watched
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.reliability.retry_policy import note_step
 from ray_ddp.task import Task
+from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings
 from ray_ddp.tracking.tracker import Tracker, epoch_values, read_run_id
 from ray_ddp.worker import observers as seen
+from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
 from ray_ddp.worker.data import build_worker_data
@@ -47,11 +49,7 @@ from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.memory_format import use_channels_last
 from ray_ddp.worker.preemption import PreemptionWatch
 from ray_ddp.worker.profile import StepProfiler
-from ray_ddp.worker.report import (
-    CheckpointWriter,
-    checkpoint_and_report,
-    write_mid_epoch_checkpoint,
-)
+from ray_ddp.worker.report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.worker.results import (
     EpochTrained,
     RunSoFar,
@@ -107,7 +105,7 @@ class WorkerRun:
         self.watchdog = start_watchdog(cfg, worker, self.attempt)
         # Sharded checkpoints (--strategy fsdp2) are written by every rank, synchronously.
         mode = "sync" if cfg.strategy == "fsdp2" else cfg.checkpoint_mode
-        self.writer = CheckpointWriter(mode, worker.log)
+        self.writer = Checkpointer(mode, worker.log, rig.checkpoint_hook(harness, cfg.run_dir))
         # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
         self.reclaims = reclaims = PreemptionWatch(
             cfg.preemption_check_steps if notices else 0, worker.log, self.writer.idle.wait,
@@ -305,7 +303,7 @@ class WorkerRun:
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
         self._keep_tracker_run()
         write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
-                                   sums, score, self.harness, self.writer)  # fmt: skip
+                                   sums, score, self.writer)  # fmt: skip
         self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
 
     def validate(self) -> EvalResult:
@@ -354,7 +352,7 @@ class WorkerRun:
         self.watchdog.doing("epoch end: checkpoint and report", slow=True)
         self._keep_tracker_run()
         per_rank = checkpoint_and_report(cfg, self.worker, self.state, self.meta, metrics, own,
-                                         self.harness, speed, timing, self.writer,
+                                         self.writer, speed, timing,
                                          self._track_epoch)  # fmt: skip
         log_epoch(cfg, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
                   self.ranks)  # fmt: skip
