@@ -4,6 +4,10 @@ The public API (see ``task`` for the interface and the README, "Your own model")
 
     from ray_ddp import Sum, Task, TrainConfig, fit, load_model
 
+and for a training loop of your own (``docs/own-loop.md``)::
+
+    from ray_ddp import Run, launch, load_state, main
+
 Where everything lives: ``docs/architecture.md``, the one map of the package's folders and
 modules (each folder's ``__init__`` says its concern in a line or two).
 """
@@ -23,6 +27,10 @@ _PUBLIC = {
     "ConfigError": "ray_ddp.config.train",
     "fit": "ray_ddp.driver.run",
     "load_model": "ray_ddp.checkpoint.format",
+    "Run": "ray_ddp.worker.own_loop",
+    "launch": "ray_ddp.driver.own_loop",
+    "main": "ray_ddp.driver.own_loop",
+    "load_state": "ray_ddp.checkpoint.format:registered_states",
 }
 __all__ = sorted(_PUBLIC)
 
@@ -32,4 +40,5 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'ray_ddp' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(_PUBLIC[name]), name)
+    module, _, attribute = _PUBLIC[name].partition(":")
+    return getattr(importlib.import_module(module), attribute or name)

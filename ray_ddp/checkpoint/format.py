@@ -227,6 +227,18 @@ def load_checkpoint_state(path: str) -> dict[str, Any]:
         raise CheckpointError(f"cannot read checkpoint {path}: {exc}") from exc
 
 
+def registered_states(checkpoint: str) -> dict[str, Any]:
+    """The named states an own loop registered (``Run.register``), from its checkpoint at
+    a local path or a storage URI: name -> state dict, tensors on the CPU
+    (``ray_ddp.load_state``)."""
+    state = load_checkpoint_state(checkpoint)
+    if "states" not in state:
+        raise CheckpointError(
+            f"{checkpoint} was written by the built-in loop: read it with ray_ddp.load_model"
+        )
+    return state["states"]
+
+
 def task_meta(task_spec: str, facts: dict[str, Any]) -> dict[str, Any]:
     """What a checkpoint records about its model: the task that builds it and the facts it
     was built from (what a resume is checked against, and how evaluation rebuilds it)."""

@@ -77,3 +77,15 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
     it."""
     low, high = _words(seed, _SAMPLE, epoch, index, count=2)
     return low | high << 32
+
+
+_DRAW = 3  # the spawn key of an own loop's seeded draws (``draw_seed``)
+
+
+def draw_seed(seed: int, epoch: int, index: int, stream: int = 0) -> int:
+    """The seed of what an own loop draws for sample ``index`` in ``epoch`` (a GAN's
+    noise, an augmentation drawn on the device), in its ``stream`` (one per use, so two
+    draws for the same sample differ): keyed by the sample, not by the rank or the
+    micro-batch, so the draw is the same at any world size and after any resume."""
+    low, high = _words(seed, _DRAW, epoch, index, stream, count=2)
+    return low | high << 32

@@ -12,6 +12,7 @@ from ray_ddp.driver.elastic import scaling_workers
 from ray_ddp.driver.preflight import PreparedTask
 from ray_ddp.reliability.hangs.settings import nccl_env, process_group_timeout_s
 from ray_ddp.reliability.retry_policy import stop_hopeless_retries
+from ray_ddp.task.own import OwnLoop
 from ray_ddp.testing.harness import NONE, Harness
 from ray_ddp.tracking.params import Settings
 
@@ -42,6 +43,8 @@ def build_trainer(
     from ray_ddp.worker.loop import train_loop_per_worker
 
     task = prepared.task
+    if loop is None and isinstance(task, OwnLoop):  # a loop of the user's own
+        from ray_ddp.worker.own_loop import own_loop_per_worker as loop
     if loop_config is None:
         tracked = tracking.to_dict() if tracking else None
         loop_config = train_loop_config(

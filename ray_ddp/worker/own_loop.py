@@ -1,0 +1,294 @@
+"""A training loop of the user's own, run by ray_ddp in every worker: the :class:`Run`
+handle its function is given, and the function Ray Train runs (``own_loop_per_worker``).
+
+The verbs (``docs/own-loop.md``): ``setup`` (DDP), ``register`` (named states, restored on
+resume), ``epochs`` and ``steps``/``batches`` (the global order from the run's position),
+``backward`` (weighted, accumulation without ``no_sync`` blocks, ``Sum`` losses),
+``step`` (unscale, clip, scaler, schedules), ``draws`` (seeded by the sample),
+``evaluate`` (exact), ``report`` (metrics and the checkpoint) and ``stop``. The parts under
+them are the ones the built-in loop uses: the position (``worker.position``), the
+checkpointer (``worker.checkpointer``), the restore point (``worker.resume``), the
+step-level hooks (``worker.hooks``), the exact evaluation (``worker.evaluate``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import torch
+
+from ray_ddp.checkpoint.format import CheckpointError, check_compatible, task_meta
+from ray_ddp.config import TrainConfig
+from ray_ddp.data.seeding import draw_seed, seed_initial_weights
+from ray_ddp.task import Sum
+from ray_ddp.testing import harness as rig
+from ray_ddp.testing.harness import Harness
+from ray_ddp.worker import hooks as hooked
+from ray_ddp.worker.checkpointer import Checkpointer
+from ray_ddp.worker.collectives import is_distributed
+from ray_ddp.worker.identity import Worker, rank_rows, start_worker
+from ray_ddp.worker.micro import Micro, Step
+from ray_ddp.worker.own_parts import Evaluation, Stepper, StepSource, load_into, saved_states
+from ray_ddp.worker.position import Position
+from ray_ddp.worker.precision import autocast, grad_scaler
+from ray_ddp.worker.preemption import PreemptionWatch
+from ray_ddp.worker.report import unscored
+from ray_ddp.worker.resume import find_restore_point
+from ray_ddp.worker.start import number_attempt, start_watchdog
+from ray_ddp.worker.step import Limits
+from ray_ddp.worker.timing import StepTimer
+
+
+class Run:
+    """What an own loop's function is given, in every worker (see the module's docstring
+    and ``docs/own-loop.md``). ``config`` is the run's ``TrainConfig`` (jobs/train.py's
+    flags): the loop reads its own settings from it (``lr``, ``batch_size``, ``epochs``)."""
+
+    def __init__(
+        self, cfg: TrainConfig, worker: Worker, loop: Any, harness: Harness = rig.NONE,
+        notices: bool = True,
+    ) -> None:  # fmt: skip
+        self.config, self.worker, self.loop = cfg, worker, loop
+        self.device = worker.device
+        self.attempt = number_attempt(cfg, worker)
+        self.restored = find_restore_point(cfg.resume_from, worker)
+        self.meta = task_meta(cfg.task, {})
+        self.position = self._restore_position()
+        self.watchdog = start_watchdog(cfg, worker, self.attempt)
+        mode = cfg.checkpoint_mode
+        self.checkpointer = Checkpointer(
+            mode, worker.log, rig.checkpoint_hook(harness, cfg.run_dir)
+        )
+        reclaims = PreemptionWatch(
+            cfg.preemption_check_steps if notices else 0, worker.log,
+            self.checkpointer.idle.wait,
+            lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
+        )  # fmt: skip
+        self.reclaims = reclaims
+        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
+        self.timer = StepTimer(who=f"rank {worker.rank}")
+        self.hooks = hooked.Hooks(
+            hooked.Watched(self.watchdog),
+            hooked.Faults(harness, cfg.run_dir, worker.rank),
+            hooked.Timed(self.timer),
+        )
+        self.scaler = grad_scaler(cfg.amp, worker.device)
+        if self.restored is not None:
+            self.scaler.load_state_dict(self.restored.state.get("scaler", {}))
+        self.stepper = Stepper(self.scaler, cfg.grad_clip, worker.world_size, worker.device)
+        self.states: dict[str, Any] = {}
+        self.models: list[torch.nn.Module] = []
+        self.source = StepSource(self)
+        self.evaluation = Evaluation(self)
+        self.history: list[dict[str, Any]] = []
+        self.ranks = rank_rows(worker)
+        self.stopped = False
+        self.reported_at: tuple[int, int] | None = None
+        seed_initial_weights(cfg.seed)  # the loop's models: the same weights on every rank
+
+    # ------------------------------------------------------------------ who and where
+    @property
+    def rank(self) -> int:
+        return self.worker.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.worker.world_size
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the one that logs and writes checkpoints."""
+        return self.worker.is_main
+
+    def log(self, message: str) -> None:
+        """A line from rank 0 (every rank with ``--log-all-ranks``)."""
+        self.worker.log(message)
+
+    def _restore_position(self) -> Position:
+        """The restore point's position (a fresh run's: the start)."""
+        restored = self.restored
+        if restored is None:
+            return Position()
+        if "states" not in restored.state:
+            raise CheckpointError(
+                f"{restored.source} was written by the built-in loop, not an own loop's run; "
+                "use a fresh --name"
+            )
+        check_compatible(restored.state, self.meta, restored.source)
+        position = Position.from_dict(restored.state["progress"])
+        before = int(restored.state.get("world_size", 1))
+        change = (f"; {before} -> {self.world_size} workers, the same global order"
+                  if before != self.world_size else "")  # fmt: skip
+        self.worker.log(
+            f"resumed from {restored.source}: epoch {position.epoch + 1}, step "
+            f"{position.step}, sample {position.sample}{change}"
+        )
+        return position
+
+    # ------------------------------------------------------------------ the verbs
+    def setup(self, *models: torch.nn.Module) -> Any:
+        """Each model on this worker's device, wrapped in DDP with more than one worker
+        (``ray.train.torch.prepare_model``), compiled with ``--compile``; returned in
+        order (one model: itself). Build optimizers after, over the returned models."""
+        import ray.train.torch
+
+        wrapped = []
+        for model in models:
+            prepared = ray.train.torch.prepare_model(model)
+            wrapped.append(torch.compile(prepared) if self.config.compile else prepared)
+        self.models += wrapped
+        return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
+
+    def register(self, **states: Any) -> None:
+        """Name what a checkpoint holds (models, optimizers, schedules, an EMA, anything
+        with ``state_dict``/``load_state_dict``); where the run resumes, each is loaded
+        from the checkpoint here, so register after building them and before training."""
+        for name, obj in states.items():
+            if name in self.states:
+                raise ValueError(f"run.register: {name!r} is registered already")
+            self.states[name] = obj
+            if self.restored is not None:
+                load_into(obj, name, self.restored)
+
+    def epochs(self) -> Iterator[int]:
+        """The epochs left (0-based), to ``--epochs`` or ``--max-steps`` or ``stop()``.
+        An epoch that the loop ends without ``report`` is reported (and checkpointed)
+        here, so every epoch's end and every stop is a checkpoint."""
+        while self.position.epoch < self.config.epochs and not self._done():
+            epoch = self.position.epoch
+            yield epoch
+            if self.reported_at != (self.position.epoch, self.position.step):
+                self.report({})
+            if self.position.epoch == epoch and not self._done():
+                raise RuntimeError(
+                    f"epoch {epoch + 1} ended before its last step: iterate "
+                    "run.steps(dataset) (or run.batches) to the end in every epoch"
+                )
+
+    def steps(
+        self, dataset: Any, collate: Callable[[list[Any]], Any] | None = None,
+        random_samples: bool = False,
+    ) -> Iterator[Step]:  # fmt: skip
+        """The optimizer steps of ``dataset``'s epoch in the global order, from the run's
+        position: each a :class:`~ray_ddp.worker.micro.Step` of this rank's micro-batches.
+        The position advances after each (a due checkpoint is taken there); the iteration
+        ends at the epoch's end, at ``--max-steps`` or after ``stop()``. ``random_samples``:
+        the dataset draws torch random numbers per sample (seeded from the sample)."""
+        return self.source.steps(dataset, collate, random_samples)
+
+    def batches(
+        self, dataset: Any, collate: Callable[[list[Any]], Any] | None = None,
+        random_samples: bool = False,
+    ) -> Iterator[Micro]:  # fmt: skip
+        """:meth:`steps`, one micro-batch at a time: call :meth:`step` where a micro-batch
+        ``closes_step``."""
+        for step in self.steps(dataset, collate, random_samples):
+            yield from step
+
+    def autocast(self) -> Any:
+        """The forward's autocast (``--amp``; a no-op with ``off``)."""
+        return autocast(self.config.amp, self.device)
+
+    def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
+        """The backward of ``micro``'s loss: a mean over its samples (weighted by its share
+        of the step's samples), or a ``Sum(total, count)`` (the step's gradient is then
+        the sum over every rank's totals divided by every rank's counts: tokens, say)."""
+        self.stepper.backward(loss, micro)
+
+    def step(
+        self, *optimizers: torch.optim.Optimizer, schedules: Iterable[Any] = (),
+        clip: float | None = None,
+    ) -> bool:  # fmt: skip
+        """Unscale, clip (``--grad-clip`` unless ``clip``), step each optimizer through the
+        GradScaler, step ``schedules`` where the step was applied (an fp16 overflow skips
+        it), zero the gradients. Returns whether it was applied."""
+        clip = self.config.grad_clip if clip is None else clip
+        return self.stepper.step(optimizers, tuple(schedules), clip)
+
+    def draws(self, micro: Micro, *shape: int, stream: int = 0) -> torch.Tensor:
+        """Standard normal numbers, ``(len(micro.indices), *shape)`` on the device, each
+        row seeded by its sample's place in the global order (seed, epoch, index) and
+        ``stream``: the same whatever the split, the world size or a resume."""
+        rows = [
+            torch.randn(shape, generator=torch.Generator().manual_seed(
+                draw_seed(self.config.seed, micro.epoch, index, stream)))
+            for index in micro.indices
+        ]  # fmt: skip
+        return torch.stack(rows).to(self.device)
+
+    def evaluate(
+        self, model: torch.nn.Module, dataset: Any,
+        metrics: Callable[[torch.nn.Module, Any], dict[str, Sum]],
+        collate: Callable[[list[Any]], Any] | None = None,
+    ) -> dict[str, float]:  # fmt: skip
+        """``metrics(model, batch)``'s sums over every sample of ``dataset`` exactly once,
+        over every rank (rank 0's buffers): ``{name: total / count, "samples": n}``."""
+        return self.evaluation.measure(model, dataset, metrics, collate)
+
+    def report(self, metrics: dict[str, Any] | None = None, checkpoint: bool = True) -> None:
+        """Every rank reports ``metrics`` (a barrier: call it on every rank alike) with the
+        run's position; rank 0 attaches the checkpoint of every registered state."""
+        position = self.position
+        values = {k: float(v) for k, v in (metrics or {}).items()}
+        values.update(epoch=position.epoch, step=position.step, sample=position.sample)
+        if position.sample:
+            values["mid_epoch"] = True
+        score = f"val_{self.loop.best_metric}"
+        if score not in values:
+            values.update(unscored(score, self.loop.best_mode))
+        self.watchdog.doing("report and checkpoint", slow=True)
+        saved = saved_states(self) if checkpoint and self.is_main else None
+        if checkpoint:
+            self.checkpointer.save(values, saved)
+        else:
+            import ray.train
+
+            ray.train.report(values)
+        self.watchdog.progress("report")
+        self.reported_at = (position.epoch, position.step)
+        if self.is_main:
+            self.history.append(values)
+            shown = ", ".join(f"{k} {v:.4g}" for k, v in (metrics or {}).items())
+            self.log(f"step {position.step} (epoch {position.epoch}, sample "
+                     f"{position.sample}){': ' + shown if shown else ''}")  # fmt: skip
+
+    def stop(self) -> None:
+        """End the run after the current step (its epoch is reported and checkpointed)."""
+        self.stopped = True
+
+    # ------------------------------------------------------------------ run-wide
+    def _done(self) -> bool:
+        return self.stopped or self.limits.done(self.position.step)
+
+    def sync_models(self, closes_step: bool) -> None:
+        """Every set-up model's gradient all-reduce on (the step's last micro-batch) or off."""
+        for model in self.models:
+            inner = getattr(model, "_orig_mod", model)
+            if hasattr(inner, "require_backward_grad_sync"):
+                inner.require_backward_grad_sync = closes_step
+
+    def summary(self) -> dict[str, Any]:
+        """What the worker returns (Ray hands rank 0's to the driver)."""
+        timing = self.timer.summary()
+        seen = self.source.samples_seen
+        return {
+            "history": self.history, "epochs_completed": self.position.epoch,
+            "steps": self.position.step, "world_size": self.world_size,
+            "device": self.device.type, "ranks": self.ranks, "timing": timing,
+            "train_seconds": self.source.train_seconds, "samples_seen": seen,
+            "checkpoints": self.checkpointer.summary(), "distributed": is_distributed(),
+        }  # fmt: skip
+
+
+def own_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
+    """Build this worker's :class:`Run`, call the loop's function with it, return its
+    summary (``worker.loop.loop_config``'s dict: the loop travels as its ``task``)."""
+    cfg = TrainConfig.from_dict(config["config"])
+    worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+    run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True))
+    try:
+        config["task"].function(run)
+        return run.summary()
+    finally:
+        run.watchdog.stop()

@@ -1,0 +1,233 @@
+"""The parts under an own loop's verbs (``worker.own_loop.Run``) that are its alone so far:
+the steps of an epoch that advance the run's position (:class:`StepSource`), the weighted
+backward and the optimizer step (:class:`Stepper`), the exact evaluation of any dataset
+(:class:`Evaluation`), and the named states a checkpoint holds (:func:`saved_states`,
+:func:`load_into`). Each reads the run's position and config; none advances the position
+but :class:`StepSource`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import default_collate
+
+from ray_ddp.checkpoint.format import FORMAT_VERSION, CheckpointError, ResumeRefusedError, unwrap
+from ray_ddp.data.loaders import eval_loader
+from ray_ddp.data.order.continuation import order_change, order_record, split_fingerprint
+from ray_ddp.data.seeding import seed_micro_batch
+from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
+from ray_ddp.reliability.hangs.watchdog import watched
+from ray_ddp.task import Sum
+from ray_ddp.task.batches import first_tensor
+from ray_ddp.worker.collectives import broadcast_buffers, is_distributed
+from ray_ddp.worker.evaluate import evaluate
+from ray_ddp.worker.micro import Micro, OrderedData, Step, epoch_steps, ordered_data, step_end
+
+if TYPE_CHECKING:
+    from ray_ddp.worker.own_loop import Run
+    from ray_ddp.worker.resume import Restored
+
+
+class StepSource:
+    """The steps of the run's datasets in the global order, from the run's position: the
+    one place the position advances (after each step, and at the epoch's end), where a due
+    checkpoint is taken (``--checkpoint-every``, a reclaim notice)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.data: dict[int, OrderedData] = {}
+        self.samples_seen = 0
+        self.train_seconds = 0.0
+        self.first = True
+
+    def _data(self, dataset: Any, collate, random_samples: bool) -> OrderedData:
+        run = self.run
+        key = id(dataset)
+        if key not in self.data:
+            data = ordered_data(run.config, dataset, run.rank, run.world_size, collate,
+                                random_samples)  # fmt: skip
+            self._check_order(data, dataset)
+            self.data[key] = data
+        return self.data[key]
+
+    def _check_order(self, data: OrderedData, dataset: Any) -> None:
+        """A position inside an epoch continues only on the order it was counted in."""
+        run = self.run
+        self.record = order_record(data.order.plan, split_fingerprint(dataset))
+        restored, position = run.restored, run.position
+        saved = restored.state["progress"].get("order") if restored is not None else None
+        change = order_change(saved, self.record) if saved and position.sample else None
+        if change is not None:
+            raise ResumeRefusedError(
+                f"{restored.source} stopped {position.sample} samples into epoch "  # type: ignore[union-attr]
+                f"{position.epoch + 1}, a position in an order that no longer names the same "
+                f"samples: {change}. Put the data and flags back to finish the epoch"
+            )
+
+    def steps(self, dataset: Any, collate, random_samples: bool) -> Iterator[Step]:
+        run, position = self.run, self.run.position
+        if run._done():
+            return
+        data = self._data(dataset, collate, random_samples)
+        steps = epoch_steps(data, position.epoch, position.sample, position.step + 1)
+        while True:
+            run.hooks.fetching(position, self.first)
+            step = next(steps, None)
+            if step is None:
+                return
+            step.prepare = self._prepare
+            run.hooks.stepping(position, self.first)
+            started = time.perf_counter()
+            yield step
+            self.train_seconds += time.perf_counter() - started
+            self.first = False
+            if self._after(step, data):
+                return
+
+    def _prepare(self, micro: Micro) -> None:
+        """Before a micro-batch is handed out: gradient sync on where it closes the step,
+        and the step's randomness seeded from (step, micro-batch number)."""
+        run = self.run
+        run.sync_models(micro.closes_step)
+        seed_micro_batch(run.config.seed, micro.step, micro.slot.micro, run.device)
+
+    def _after(self, step: Step, data: OrderedData) -> bool:
+        """The step is done: hooks, the position advanced, a due checkpoint. Whether the
+        epoch's steps end here."""
+        run, position = self.run, self.run.position
+        self.samples_seen += step.samples
+        run.hooks.ended(step.number, step.samples)
+        position.advance(step_end(data, step.micro[-1].slot))
+        if position.sample >= data.size:
+            position.end_epoch()
+            return True
+        due = run.limits.checkpoint_due(position.step)  # asked at every boundary, every rank
+        if run._done():
+            return True
+        if due:
+            run.report({})
+            run.reclaims.after_checkpoint(position.step)
+        return False
+
+
+class Stepper:
+    """The backward of each micro-batch and the optimizer steps, for any number of
+    optimizers (one GradScaler for all)."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, clip: float, ranks: int,
+                 device: torch.device) -> None:  # fmt: skip
+        self.scaler, self.clip, self.ranks, self.device = scaler, clip, ranks, device
+        self.count: torch.Tensor | None = None
+        """The counts of the ``Sum`` losses since the last step (this rank's)."""
+
+    def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
+        # DDP's all-reduce averages over the ranks: each rank's part is multiplied back.
+        if isinstance(loss, Sum):
+            total, count = loss
+            kept = 0.0 if micro.filler else 1.0
+            count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * kept
+            self.count = count if self.count is None else self.count + count
+            scaled = total * (kept * self.ranks)
+        else:
+            scaled = loss * (micro.weight * self.ranks)
+        self.scaler.scale(scaled).backward()
+
+    def step(self, optimizers, schedules: tuple, clip: float) -> bool:
+        params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
+        if self.count is not None:  # a Sum's step: divide by every rank's count
+            count = self.count.clone()
+            if is_distributed():
+                dist.all_reduce(count)
+            self.count = None
+            factor = 1.0 / max(float(count), 1e-12)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(factor)
+        enabled = self.scaler.is_enabled()
+        scale = self.scaler.get_scale() if enabled else 1.0
+        for optimizer in optimizers:
+            if clip > 0:
+                self.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
+                mine = [p for g in optimizer.param_groups for p in g["params"]]
+                torch.nn.utils.clip_grad_norm_(mine, clip)
+            self.scaler.step(optimizer)
+        self.scaler.update()
+        applied = not enabled or self.scaler.get_scale() >= scale
+        if applied:
+            for schedule in schedules:
+                schedule.step()
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        return applied
+
+
+class _Measured:
+    """A metrics function as ``worker.evaluate`` reads a task's."""
+
+    def __init__(self, metrics: Callable[[torch.nn.Module, Any], dict[str, Sum]]) -> None:
+        self.metrics = self.evaluation_metrics = metrics
+
+    def batch_size(self, batch: Any) -> int:
+        tensor = first_tensor(batch)
+        return 0 if tensor is None else int(tensor.shape[0])
+
+    def predictions(self, model, batch) -> None:
+        return None
+
+
+class Evaluation:
+    """Exact evaluation of any dataset: every sample on one rank, sums all-reduced."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.loaders: dict[int, Any] = {}
+
+    def measure(self, model, dataset, metrics, collate) -> dict[str, float]:
+        run = self.run
+        key = id(dataset)
+        if key not in self.loaders:
+            options = {"collate_fn": SkipUnreadableCollate(collate or default_collate)}
+            self.loaders[key] = eval_loader(SkipUnreadable(dataset), run.config.batch_size * 2,
+                                            run.rank, run.world_size, **options)  # fmt: skip
+        inner = unwrap(model)
+        run.watchdog.doing("evaluation: broadcast of rank 0's buffers", collective=True)
+        broadcast_buffers(inner)  # every rank evaluates the weights a checkpoint holds
+        batches = watched(self.loaders[key], "evaluation", run.watchdog,
+                          then="evaluation: all-reduce of the sums")  # fmt: skip
+        result = evaluate(inner, batches, run.device, _Measured(metrics), run.config.amp)  # type: ignore[arg-type]
+        return {**result.means, "samples": float(result.samples)}
+
+
+def _state_of(obj: Any) -> Any:
+    return unwrap(obj).state_dict() if isinstance(obj, torch.nn.Module) else obj.state_dict()
+
+
+def saved_states(run: Run) -> dict[str, Any]:
+    """What rank 0's checkpoint holds (``state.pt``): every registered state by name, the
+    GradScaler's, the position and the order it counts in, the config and world size."""
+    record = getattr(run.source, "record", None)
+    return {
+        "format_version": FORMAT_VERSION,
+        "loop": "own",
+        "states": {name: _state_of(obj) for name, obj in run.states.items()},
+        "scaler": run.scaler.state_dict(),
+        "progress": {**run.position.to_dict(), "order": record},
+        "config": run.config.to_dict(),
+        "task_meta": run.meta,
+        "world_size": run.world_size,
+    }
+
+
+def load_into(obj: Any, name: str, restored: Restored) -> None:
+    """Registered state ``name`` loaded from the restore point into ``obj``."""
+    saved = restored.state["states"]
+    if name not in saved:
+        held = ", ".join(sorted(saved)) or "nothing"
+        raise CheckpointError(f"{restored.source} holds no state {name!r} (it holds {held})")
+    target = unwrap(obj) if isinstance(obj, torch.nn.Module) else obj
+    target.load_state_dict(saved[name])
