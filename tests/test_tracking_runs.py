@@ -17,12 +17,16 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 from mlflow_server import MlflowServer, server_command
+from slow_proxy import SlowProxy
 
 from ray_ddp.driver.run import fit
 from ray_ddp.testing.harness import Harness, Stall
+from ray_ddp.tracking.params import Settings
+from ray_ddp.tracking.tracker import Tracker
 
 pytestmark = [
     pytest.mark.ray,
@@ -64,6 +68,58 @@ def tracked(ray_session, server, tmp_path_factory):
 
 def _run(client, summary):
     return client.get_run(summary["tracking"]["run_id"])
+
+
+def _runs(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    return list(client.search_runs([found.experiment_id])) if found else []
+
+
+def test_a_server_far_behind_the_run_loses_step_points_only_and_the_end_line_says_so(
+    server, client, tmp_path
+):
+    """The server takes the params, then answers only once 200 steps' points (3 a step)
+    and 10 epochs' metrics (2 each) have been put into a queue of 60 step points (a slow
+    network: ``slow_proxy``). What the server holds is read back: every param and metric,
+    the thinned curve's points, and the end line's numbers are exactly those. (No Ray:
+    rank 0's tracker as the workers use it.)"""
+    run_dir, experiment = str(tmp_path / "behind"), f"behind-{uuid.uuid4().hex[:8]}"
+    answered = threading.Event()
+    with SlowProxy(server.uri) as proxy:
+        settings = Settings("mlflow", proxy.uri, experiment, "behind", run_dir, {})
+        tracker = Tracker(settings, None, print, interval_s=0.05, capacity=60)
+        assert tracker.wait_for_run(30)
+        proxy.hold("/runs/log-batch", until=answered)
+        tracker.params({f"p{i}": i for i in range(10)})
+        tracker.sender.flush()
+        deadline = time.monotonic() + 10
+        while not proxy.seen("/runs/log-batch") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for step in range(1, 201):  # the server has the params; its answer is held
+            tracker.points(step, {"train_loss": 1.0 / step, "lr": 0.1, "samples_per_s": 9.0})
+            if step % 20 == 0:
+                tracker.metrics(step, {"val_loss": 0.5, "epoch_train_loss": 0.6})
+        answered.set()
+        ended = tracker.close(30)
+        line = tracker.sender.line()
+    run = client.get_run(ended["run_id"])
+    assert run.data.params == {f"p{i}": str(i) for i in range(10)}
+    for key in ("val_loss", "epoch_train_loss"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(
+            range(20, 201, 20)
+        )
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
+    for key in ("lr", "samples_per_s"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == steps
+    assert steps[-1] == 200 and len(steps) == len(set(steps)) <= 20
+    held = 3 * len(steps)
+    assert ended["thinned_points"] == 600 - held and ended["dropped"] == 600 - held
+    assert ended["delivered"] == {"param": 10, "point": held, "metric": 20}
+    assert line == (
+        f"MLflow tracking ({proxy.uri}): not everything reached the tracker: {600 - held} "
+        "step points thinned out while the tracker lagged behind (every other step waiting, "
+        f"the newest kept); it has {held} step points, 20 metrics, 10 params"
+    )
 
 
 def test_params_tags_and_status(tracked, client):

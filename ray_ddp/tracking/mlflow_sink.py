@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ray_ddp.tracking.params import Settings
-from ray_ddp.tracking.sender import Item, Rejected
+from ray_ddp.tracking.sender import METRICS, Item, Rejected
 
 # MLflow's own limits for one log_batch call.
 MAX_METRICS, MAX_PARAMS, MAX_TAGS = 1000, 100, 100
@@ -100,7 +100,7 @@ class MlflowSink:
         metrics, params, tags, files, end, seen = [], {}, {}, [], None, set()
         for item in items:
             kind = item[0]
-            if kind == "metric":
+            if kind in METRICS:
                 _, key, value, step, ms = item
                 if step <= self.marks.get(key, -1) or (key, step) in seen:
                     continue

@@ -15,7 +15,7 @@ from typing import Any
 
 from ray_ddp.io.storage import join, read_text, write_bytes
 from ray_ddp.tracking.params import RUN_FILE, Settings, flatten
-from ray_ddp.tracking.sender import Sender
+from ray_ddp.tracking.sender import POINT, Sender
 
 NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
 
@@ -62,7 +62,7 @@ class Tracker:
 
     def __init__(
         self, settings: Settings, run_id: str | None, log: Callable[[str], None],
-        interval_s: float = 1.0, retry: bool = True,
+        interval_s: float = 1.0, retry: bool = True, capacity: int = 100_000,
     ) -> None:  # fmt: skip
         self.settings, self.first_id = settings, run_id
         # The tracker's client, imported here, before training: importing it takes a
@@ -72,7 +72,8 @@ class Tracker:
         with contextlib.suppress(Exception):  # retried and reported by the sender
             self.sink = open_sink(settings, run_id, self._opened)
         backoff = (0.5, 1.0, 2.0, 4.0) if retry else ()
-        self.sender = Sender(self._deliver, log, describe(settings), interval_s, backoff)
+        self.sender = Sender(self._deliver, log, describe(settings), interval_s, backoff,
+                             capacity)  # fmt: skip
         self.sender.put(("open",))  # the client imported and the run found at once
         self.sender.flush()
 
@@ -108,13 +109,19 @@ class Tracker:
     def tags(self, values: dict[str, str]) -> None:
         self.sender.put(*(("tag", k, str(v)) for k, v in values.items()))
 
-    def metrics(self, step: int, values: dict[str, Any]) -> None:
-        """Numbers of ``values`` at optimizer step ``step`` (others are left out)."""
+    def metrics(self, step: int, values: dict[str, Any], kind: str = "metric") -> None:
+        """Numbers of ``values`` at optimizer step ``step`` (others are left out), never
+        dropped: an epoch's figures, a sweep's best."""
         ms = int(time.time() * 1000)
         self.sender.put(*(
-            ("metric", k, float(v), step, ms) for k, v in values.items()
+            (kind, k, float(v), step, ms) for k, v in values.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
         ))  # fmt: skip
+
+    def points(self, step: int, values: dict[str, Any]) -> None:
+        """A step's figures (loss, lr, speed): thinned out, and counted, where the tracker
+        lags too far behind (``sender``)."""
+        self.metrics(step, values, POINT)
 
     def artifact(self, local_path: str, folder: str | None = None) -> None:
         self.sender.put(("artifact", local_path, folder))
@@ -124,12 +131,13 @@ class Tracker:
         self.sender.put(("end", status))
 
     def close(self, timeout_s: float = 10.0) -> dict[str, Any]:
-        """Send what is left (for at most ``timeout_s``); what was sent and dropped."""
+        """Send what is left (for at most ``timeout_s``); what was sent and what was not
+        (``sender.line()`` says it in one line)."""
         complete = self.sender.close(timeout_s)
         if self.sink is not None:
             self.sink.close()
-        return {"kind": self.settings.kind, "run_id": self.run_id, "sent": self.sender.sent,
-                "dropped": self.sender.dropped, "complete": complete}  # fmt: skip
+        return {"kind": self.settings.kind, "run_id": self.run_id, **self.sender.report(),
+                "complete": complete}  # fmt: skip
 
 
 EPOCH_RENAMED = {"train_loss": "epoch_train_loss", "samples_per_s": "epoch_samples_per_s"}

@@ -404,6 +404,7 @@ class WorkerRun:
                 self.ended["profile"] = self.profiler.result
         if self.tracker is not None:
             self.ended["tracking"] = {**self.tracker.close(), "warned": self.tracker.sender.warned}
+            self.worker.log(self.tracker.sender.line())  # what did not reach it, exactly
             self.tracker = None
 
     def stop_watching(self) -> None:
