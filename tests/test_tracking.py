@@ -84,7 +84,7 @@ def test_a_server_that_is_down_is_said_once_and_never_blocks_the_caller():
     uri = f"http://127.0.0.1:{_closed_port()}"
     settings = Settings("mlflow", uri, "e", "r", "/nonexistent/run", {})
     lines: list[str] = []
-    sink = MlflowSink(settings, None, lambda run_id: None)
+    sink = MlflowSink(settings, None, lambda run_id: None, lambda: "key")
     sender = Sender(sink, lines.append, "MLflow tracking", interval_s=0.05,
                     backoff_s=(0.01, 0.02))  # fmt: skip
     started = time.perf_counter()

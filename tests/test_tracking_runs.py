@@ -24,9 +24,10 @@ from mlflow_server import MlflowServer, server_command
 from slow_proxy import SlowProxy
 
 from ray_ddp.driver.run import fit
+from ray_ddp.driver.tracking import finish_tracking, open_tracking
 from ray_ddp.testing.harness import Harness, Stall
-from ray_ddp.tracking.params import Settings
-from ray_ddp.tracking.tracker import Tracker
+from ray_ddp.tracking.params import Settings, run_tags
+from ray_ddp.tracking.tracker import Tracker, read_run_id
 
 pytestmark = [
     pytest.mark.ray,
@@ -73,6 +74,35 @@ def _run(client, summary):
 def _runs(client, experiment: str) -> list:
     found = client.get_experiment_by_name(experiment)
     return list(client.search_runs([found.experiment_id])) if found else []
+
+
+def test_an_open_answered_too_late_makes_no_second_run(server, client, tmp_path, monkeypatch):
+    """The driver opens the run before the workers start; the server makes it, but its
+    answer comes after the client has given up (a slow network: ``slow_proxy``). Rank 0
+    then opens the run as the workers do, logs, and the driver ends it: one MLflow run,
+    with everything. (No Ray: the driver's and rank 0's own calls, in their order.)"""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")  # 10 s in a run: shortened here
+    run_dir, experiment = str(tmp_path / "late"), f"late-{uuid.uuid4().hex[:8]}"
+    lines: list[str] = []
+    with SlowProxy(server.uri) as proxy:
+        proxy.hold("/runs/create", seconds=4)
+        settings = Settings("mlflow", proxy.uri, experiment, "late", run_dir,
+                            run_tags("late", run_dir, None))  # fmt: skip
+        open_tracking(settings)  # the driver, before the workers
+        rank0 = Tracker(settings, read_run_id(run_dir, "mlflow"), lines.append)
+        rank0.params({"lr": 0.1})
+        rank0.points(1, {"train_loss": 1.0})
+        rank0.metrics(1, {"val_loss": 0.5})
+        ended = rank0.close(30)
+        finish_tracking(settings, {"tracking": ended})
+        made = proxy.seen("/runs/create")
+    assert made == 1  # the make whose answer was lost is found by its key, not asked again
+    runs = _runs(client, experiment)
+    assert len(runs) == 1, [(r.info.run_id, r.info.start_time) for r in runs]
+    (run,) = runs
+    assert run.info.run_id == ended["run_id"] == read_run_id(run_dir, "mlflow")
+    assert run.data.params == {"lr": "0.1"} and run.info.status == "FINISHED"
+    assert set(run.data.metrics) == {"train_loss", "val_loss"}
 
 
 def test_a_server_far_behind_the_run_loses_step_points_only_and_the_end_line_says_so(
@@ -218,7 +248,7 @@ def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
             path = os.path.join(storage, "down", "tracking.json")
             if run_id is None and os.path.exists(path):
                 with open(path) as f:
-                    run_id = json.load(f)["mlflow"]["run_id"]
+                    run_id = json.load(f)["mlflow"].get("run_id")  # its key comes first
             if run_id and client.get_metric_history(run_id, "train_loss"):
                 break
             time.sleep(0.2)

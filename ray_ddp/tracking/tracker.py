@@ -10,6 +10,7 @@ import contextlib
 import json
 import math
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -20,25 +21,40 @@ from ray_ddp.tracking.sender import POINT, Sender
 NAMES = {"mlflow": "MLflow", "wandb": "W&B"}
 
 
-def read_run_id(run_dir: str, kind: str) -> str | None:
-    """The tracker run id kept in ``<run>/tracking.json`` for ``kind`` (None: none yet)."""
+def _kept(run_dir: str) -> dict[str, Any]:
+    """``<run>/tracking.json`` as kept ({} where there is none, or it cannot be read)."""
     try:
         text = read_text(join(run_dir, RUN_FILE))
-        kept = json.loads(text) if text else {}
+        return json.loads(text) if text else {}
     except (OSError, ValueError):
-        return None
-    return kept.get(kind, {}).get("run_id")
+        return {}
+
+
+def read_run_id(run_dir: str, kind: str) -> str | None:
+    """The tracker run id kept in ``<run>/tracking.json`` for ``kind`` (None: none yet)."""
+    return _kept(run_dir).get(kind, {}).get("run_id")
 
 
 def write_run_id(run_dir: str, kind: str, run_id: str, **more: Any) -> None:
-    """Keep ``run_id`` in ``<run>/tracking.json`` (other trackers' ids stay)."""
-    try:
-        text = read_text(join(run_dir, RUN_FILE))
-        kept = json.loads(text) if text else {}
-    except (OSError, ValueError):
-        kept = {}
-    kept[kind] = {"run_id": run_id, **more}
+    """Keep ``run_id`` in ``<run>/tracking.json`` (other trackers' ids, and this one's
+    run key, stay)."""
+    kept = _kept(run_dir)
+    kept[kind] = {**kept.get(kind, {}), "run_id": run_id, **more}
     write_bytes(join(run_dir, RUN_FILE), json.dumps(kept, indent=2).encode())
+
+
+def run_key(run_dir: str, kind: str) -> str:
+    """The key a new tracker run is made with (a tag), kept in ``<run>/tracking.json``
+    before the server is asked: a run whose making was answered too late (the client
+    gave up, the server had made it) is found by it, by every later try and by rank 0,
+    rather than made again."""
+    kept = _kept(run_dir)
+    key = kept.get(kind, {}).get("run_key")
+    if not key:
+        key = uuid.uuid4().hex
+        kept[kind] = {**kept.get(kind, {}), "run_key": key}
+        write_bytes(join(run_dir, RUN_FILE), json.dumps(kept, indent=2).encode())
+    return key
 
 
 def open_sink(settings: Settings, run_id: str | None, opened: Callable[[str], None]):
@@ -46,7 +62,7 @@ def open_sink(settings: Settings, run_id: str | None, opened: Callable[[str], No
     if settings.kind == "mlflow":
         from ray_ddp.tracking.mlflow_sink import MlflowSink
 
-        return MlflowSink(settings, run_id, opened)
+        return MlflowSink(settings, run_id, opened, lambda: run_key(settings.run_dir, "mlflow"))
     from ray_ddp.tracking.wandb_sink import WandbSink
 
     return WandbSink(settings, run_id, opened)
