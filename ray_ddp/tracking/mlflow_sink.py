@@ -1,13 +1,20 @@
 """MLflow through its client (``MlflowClient``): the run made or found again, and each
 batch of the sender (``sender``) as ``log_batch`` calls, artifacts and the run's end.
 
-No step is logged twice. A run continued after a restart or a re-run (the same run id)
-reads, for each metric it logs, the highest step the server already holds (its
-high-water mark), and sends only the steps above it: the steps the failed attempt logged
-after the checkpoint it resumed from are trained again (bit-identical: ray_ddp resumes
-exactly) but not logged again. After a failed send the marks are read again before the
-batch goes, so a batch that reached the server while its answer was lost is not sent
-twice. Params already on the run are not sent again (MLflow refuses to change one).
+No step of one line of training is logged twice. A run continued after a restart or a
+re-run (the same run id) reads, for each metric it logs, the highest step the server
+already holds (its high-water mark), and sends only the steps above it: the steps the
+failed attempt logged after the checkpoint it resumed from are trained again
+(bit-identical: ray_ddp resumes exactly) but not logged again. After a failed send the
+marks are read again before the batch goes, so a batch that reached the server while its
+answer was lost is not sent twice. Params already on the run are not sent again (MLflow
+refuses to change one).
+
+A restarted epoch (``--restart-epoch``, a Ray Data stream resumed inside an epoch) is
+another line of training: its steps are trained again on another order, with other
+values. The points logged before it (``TrainProgress.tracked_since``) set no mark, so the
+steps trained again are logged again; MLflow keeps every value a step was given, the
+earlier one, then the new one.
 
 One training run makes one MLflow run. A new run is made with a key (the tag
 ``ray_ddp.run_key``) that is kept in ``<run>/tracking.json`` before the server is asked,
@@ -50,6 +57,7 @@ class MlflowSink:
         run_id: str | None,
         opened: Callable[[str], None],
         run_key: Callable[[], str],
+        since_ms: int = 0,
     ) -> None:
         quick_requests()
         from mlflow.tracking import MlflowClient
@@ -58,6 +66,9 @@ class MlflowSink:
         self.settings, self.run_id, self.opened = settings, run_id, opened
         self.run_key = run_key
         """The key (kept with the run) that a run this sink makes is tagged with."""
+        self.since_ms = since_ms
+        """Points logged before this (ms) are of steps trained before the training went
+        back (a restarted epoch): they set no high-water mark."""
         self.ready = self.stale = False
         self.params: set[str] = set()
         self.marks: dict[str, int] = {}
@@ -185,12 +196,14 @@ class MlflowSink:
         return run.info.run_id
 
     def _reread(self) -> None:
-        """The high-water marks of every metric this run has on the server."""
+        """The high-water marks of every metric this run has on the server (of the points
+        logged since ``since_ms``)."""
         known = self.on_server | set(self.marks)
         for key in known:
             history = self.client.get_metric_history(self.run_id, key)
-            if history:
-                self.marks[key] = max(m.step for m in history)
+            steps = [m.step for m in history if m.timestamp >= self.since_ms]
+            if steps:
+                self.marks[key] = max(steps)
         self.stale = False
 
     def close(self) -> None:

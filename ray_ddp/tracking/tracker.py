@@ -57,12 +57,16 @@ def run_key(run_dir: str, kind: str) -> str:
     return key
 
 
-def open_sink(settings: Settings, run_id: str | None, opened: Callable[[str], None]):
-    """The tracker's client for ``settings.kind``, for one run."""
+def open_sink(
+    settings: Settings, run_id: str | None, opened: Callable[[str], None], since_ms: int = 0
+):
+    """The tracker's client for ``settings.kind``, for one run (``since_ms``: when the
+    training last went back over steps the tracker has, ``TrainProgress.tracked_since``)."""
     if settings.kind == "mlflow":
         from ray_ddp.tracking.mlflow_sink import MlflowSink
 
-        return MlflowSink(settings, run_id, opened, lambda: run_key(settings.run_dir, "mlflow"))
+        key = lambda: run_key(settings.run_dir, "mlflow")  # noqa: E731
+        return MlflowSink(settings, run_id, opened, key, since_ms)
     from ray_ddp.tracking.wandb_sink import WandbSink
 
     return WandbSink(settings, run_id, opened)
@@ -79,14 +83,15 @@ class Tracker:
     def __init__(
         self, settings: Settings, run_id: str | None, log: Callable[[str], None],
         interval_s: float = 1.0, retry: bool = True, capacity: int = 100_000,
+        since_ms: int = 0,
     ) -> None:  # fmt: skip
-        self.settings, self.first_id = settings, run_id
+        self.settings, self.first_id, self.since_ms = settings, run_id, since_ms
         # The tracker's client, imported here, before training: importing it takes a
         # second or two of CPU, which a background thread would take from the first steps.
         # (Where that fails, the sending thread tries again, and says it.)
         self.sink: Any = None
         with contextlib.suppress(Exception):  # retried and reported by the sender
-            self.sink = open_sink(settings, run_id, self._opened)
+            self.sink = open_sink(settings, run_id, self._opened, since_ms)
         backoff = (0.5, 1.0, 2.0, 4.0) if retry else ()
         self.sender = Sender(self._deliver, log, describe(settings), interval_s, backoff,
                              capacity)  # fmt: skip
@@ -95,7 +100,7 @@ class Tracker:
 
     def _deliver(self, items: list) -> None:
         if self.sink is None:
-            self.sink = open_sink(self.settings, self.first_id, self._opened)
+            self.sink = open_sink(self.settings, self.first_id, self._opened, self.since_ms)
         self.sink(items)
 
     def _opened(self, run_id: str) -> None:
