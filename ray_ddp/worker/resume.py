@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,6 +294,7 @@ def restart_epoch(
         return sums
     progress.sample = 0
     progress.step = progress.epoch * steps_per_epoch
+    progress.tracked_since = int(time.time() * 1000)  # its steps are logged again
     set_schedule_step(state.scheduler, progress.step)
     worker.log(
         f"epoch {progress.epoch + 1} restarts from its first sample ({why}); the LR schedule "

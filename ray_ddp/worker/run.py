@@ -161,7 +161,7 @@ class WorkerRun:
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
         if restored is None or not restored.own:  # --resume-from's tracker run is not ours
-            state.progress.tracking_run = None
+            state.progress.tracking_run, state.progress.tracked_since = None, 0
         if worker.is_main:  # bad_samples.csv as the checkpoint left it
             state.progress.bad_sample_rows = rewind(cfg.run_dir, restored, worker.log)
         # Inside an epoch: only on the order its position counts in (a Ray Data stream's
@@ -208,7 +208,8 @@ class WorkerRun:
             if cfg.progress_interval_s > 0:
                 chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
             if self.tracking is not None:
-                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log)
+                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log,
+                                       since_ms=self.state.progress.tracked_since)  # fmt: skip
                 chain.append(seen.Tracked(self.tracker, cfg.log_every_steps))
         if self.profiler is not None:
             chain.append(seen.Profiled(self.profiler))
@@ -404,6 +405,7 @@ class WorkerRun:
                 self.ended["profile"] = self.profiler.result
         if self.tracker is not None:
             self.ended["tracking"] = {**self.tracker.close(), "warned": self.tracker.sender.warned}
+            self.worker.log(self.tracker.sender.line())  # what did not reach it, exactly
             self.tracker = None
 
     def stop_watching(self) -> None:
