@@ -3,8 +3,10 @@
 This is what makes a run exact across a change in the number of workers (a lost node, a
 grown group, a resume on fewer GPUs). The unit is the optimizer step, not the worker:
 
-- each epoch is one seeded permutation of the whole training set (``seed + epoch``, as
-  DistributedSampler seeds it), the same on every rank and at every world size;
+- each epoch is one keyed permutation of the whole training set (``permutation``, keyed by
+  ``(seed, epoch)``), the same on every rank and at every world size, each position's
+  sample computed when read: a plan, and a new position, cost O(1), and a rank holds its
+  micro-batches one block at a time (:class:`RankSlots`), a billion samples or a thousand;
 - the permutation is cut into micro-batches of ``--batch-size`` consecutive samples (a
   last micro-batch of one sample joins the one before it: BatchNorm cannot train on one);
 - every ``global_batch / batch_size`` consecutive micro-batches make one optimizer step,
@@ -28,7 +30,7 @@ number of forward and backward passes. Micro-batch contents do not depend on the
 size either, so BatchNorm's batch statistics in training do not; its running statistics
 (buffers, not weights) follow the micro-batches rank 0 sees, which do.
 
-No Ray, no DataLoader and (but for the permutation) no torch here:
+No Ray, no DataLoader and (but for the first order version's ``torch.randperm``) no torch here:
 :class:`GlobalOrderBatches` is the batch sampler a DataLoader draws from, and the training
 loop reads the same :class:`Slot` list to weigh each micro-batch.
 """
@@ -261,7 +263,7 @@ class RankSlots(_Computed):
         return self._slots(range(self.count)[key : key + 1 or None])[0]
 
     def __iter__(self) -> Iterator[Slot]:
-        per_block = max(1, _BLOCK // self.plan.global_batch) * self.full
+        per_block = max(1, _BLOCK // self.plan.batch_size)  # slots of ~_BLOCK samples
         for begin in range(0, self.count, per_block):
             yield from self._slots(range(begin, min(begin + per_block, self.count)))
 
