@@ -166,8 +166,7 @@ class WorkerRun:
             state.progress.bad_sample_rows = rewind(cfg.run_dir, restored, worker.log)
         # Inside an epoch: only on the order its position counts in (a Ray Data stream's
         # epoch restarts).
-        self.partial = continue_epoch(restored, state, worker, cfg, self.data.order_record,
-                                      steps, self.partial)  # fmt: skip
+        self.partial = continue_epoch(restored, state, worker, cfg, self.data, self.partial)
         counted = cfg.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
         self.counter = attach_counter(model) if counted else None
         self.core = StepCore(state, self.task, self.autocast, worker.device, cfg.seed,
@@ -272,6 +271,11 @@ class WorkerRun:
         while True:
             # A new, reproducible order every epoch, from where a checkpoint left it.
             data.train_order.set_position(position.epoch, position.sample)
+            if data.order_record is not None:  # its checkpoints name the order they count in
+                state.progress.order = {
+                    **data.order_record,
+                    "version": data.train_order.plan.version,
+                }
             with explain_oom(cfg, worker, "training"):
                 segment = train_segment(self.core, data.train_order, data.train_loader, sums,
                                         self.observer, self.limits)  # fmt: skip
