@@ -352,7 +352,7 @@ def _epochs(unreadable: set[int], micro: int, per_step: int = 8, epochs: int = 1
     segments, slots = [], []
     for epoch in range(epochs):
         order.set_position(epoch, 0)
-        slots.append(order.slots)
+        slots.append(list(order.slots))  # computed when read: kept as read
         segments.append(
             train_segment(core, order, loader, EpochSums(ledger=[]), observer, Limits())
         )

@@ -94,3 +94,26 @@ def test_the_gpu_check_under_ray_rehearses_on_cpu(tmp_path, ray_session):
     assert real["stopped_exit"] == real["resumed_exit"] == real["evaluate_exit"] == 0
     assert real["resumed"].startswith("resumed from") and real["export"]
     assert (out / "gpu_ray.md").read_text().startswith("# GPU path under Ray")
+
+
+def test_the_order_scale_benchmark_rehearses_its_smallest_sizes(tmp_path):
+    """benchmarks/order_scale.py --quick: every order (today's, 41f20c4's randperm, the
+    streamed one) at 1e4 and 1e5 samples, 8 and 1,024 ranks, each in its own process: a
+    table row each, and today's order holds under 4 MB (the figures of 1e9 are its
+    full run's, results/order_scale.md)."""
+    proc = subprocess.run(
+        [sys.executable, os.path.join(BENCH, "order_scale.py"), "--quick", "--repeats", "1",
+         "--out", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = json.loads((tmp_path / "order_scale_quick.json").read_text())["records"]
+    assert {(r["kind"], r["size"], r["world"]) for r in records} == {
+        (kind, size, world)
+        for kind in ("keyed", "randperm", "streamed")
+        for size in (10**4, 10**5)
+        for world in (8, 1024)
+    }
+    keyed = [r for r in records if r["kind"] == "keyed"]
+    assert all(r["memory_mb"] < 4 and r["first_batch_len"] == 64 for r in keyed), keyed
+    assert (tmp_path / "order_scale_quick.md").read_text().count("| keyed |") == 4

@@ -60,7 +60,7 @@ def test_full_state_round_trips_with_weights_only(tmp_path):
     state = load_state(str(tmp_path))
     assert state["progress"] == {
         "epoch": 3, "sample": 0, "step": 42, "best_score": 0.5, "order": None,
-        "bad_samples": 0, "bad_sample_rows": None, "tracking_run": None,
+        "bad_samples": 0, "bad_sample_rows": None, "tracking_run": None, "tracked_since": 0,
     }  # fmt: skip
     assert state["optimizer"]["state"], "AdamW moments are saved"
     assert state["scheduler"]["last_epoch"] == 1

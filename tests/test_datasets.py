@@ -18,16 +18,36 @@ from ray_ddp.image_classification.synthetic import make_synthetic
 def test_builtin_dataset_is_deterministic_and_balanced():
     a_train, a_val = make_synthetic(3, 500, 101)
     b_train, b_val = make_synthetic(3, 500, 101)
-    assert torch.equal(a_train.tensors[0], b_train.tensors[0])
-    assert torch.equal(a_val.tensors[1], b_val.tensors[1])
+    (a_images, a_labels), (b_images, b_labels) = (
+        a_train.batch(range(500)),
+        b_train.batch(range(500)),
+    )
+    assert torch.equal(a_images, b_images) and torch.equal(a_labels, b_labels)
+    assert torch.equal(a_val.batch(range(101))[1], b_val.batch(range(101))[1])
     assert len(a_train) == 500 and len(a_val) == 101
     other, _ = make_synthetic(4, 500, 101)
-    assert not torch.equal(a_train.tensors[0], other.tensors[0])
+    assert not torch.equal(a_images, other.batch(range(500))[0])
     # The validation split does not depend on how many train samples were asked for.
     _, c_val = make_synthetic(3, 900, 101)
-    assert torch.equal(a_val.tensors[0], c_val.tensors[0])
-    counts = torch.bincount(a_train.tensors[1], minlength=10)
+    assert torch.equal(a_val.batch(range(101))[0], c_val.batch(range(101))[0])
+    counts = torch.bincount(a_labels, minlength=10)
     assert counts.min() > 20  # every class present
+
+
+def test_a_builtin_sample_is_made_from_its_index_alone_at_any_split_size():
+    """Sample i is the same read alone, in any micro-batch, in a split of any size (a
+    billion costs no memory); past the split's end is an IndexError, as a list's."""
+    small, _ = make_synthetic(5, 64, 8)
+    huge, _ = make_synthetic(5, 10**9, 8)
+    image, label = small[37]
+    together = huge.batch([10**9 - 1, 37, 2])
+    assert torch.equal(together[0][1], image) and together[1][1] == label
+    assert torch.equal(
+        torch.stack([s[0] for s in small.__getitems__([2, 37])]), together[0][[2, 1]]
+    )
+    assert image.shape == (3, 16, 16) and image.dtype == torch.float32
+    with pytest.raises(IndexError):
+        small[64]
 
 
 def test_cifar10_batch_files(tmp_path):

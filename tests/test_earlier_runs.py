@@ -1,7 +1,9 @@
 """Runs made before the redesign (issue 26) continue after it: a checkpoint and a run
 record written by ray_ddp at d86bdea (tests/data, made by that commit's own save_state and
 write_record, testing-aid fields and all) load, check, restore and guard re-runs as they
-did. No Ray: the restore is the worker's own, on a model and optimizer built here."""
+did, and its epoch is finished in the order it was counted in (``torch.randperm``, order
+version 1; issue 47). No Ray: the restore is the worker's own, on a model and optimizer
+built here."""
 
 from __future__ import annotations
 
@@ -11,23 +13,39 @@ import shutil
 
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 from ray_ddp.checkpoint.format import check_compatible, load_model, load_state, saved_config
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.data.order.continuation import order_record
+from ray_ddp.data.order.global_order import ORDER_VERSION, RANDPERM_VERSION, GlobalOrderBatches
 from ray_ddp.driver.elastic import keep_global_batch
 from ray_ddp.driver.rerun_guard import RECORD_FILE, check_rerun, recorded_config
 from ray_ddp.image_classification.models import build_model
+from ray_ddp.image_classification.synthetic import make_synthetic
+from ray_ddp.worker.data import WorkerData
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
-from ray_ddp.worker.resume import Restored, restore_training
-from ray_ddp.worker.state import TrainState
+from ray_ddp.worker.resume import Restored, continue_epoch, restore_training
+from ray_ddp.worker.state import EpochSums, TrainState
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CHECKPOINT = os.path.join(DATA, "checkpoint_d86bdea")
 # The run's flags then: what a re-run gives again.
 FLAGS = dict(model="small_cnn", num_workers=2, batch_size=32, epochs=3, seed=7, lr=0.01,
              augment="none", checkpoint_every=5)  # fmt: skip
+
+
+def _restored(now: TrainConfig) -> TrainState:
+    net = build_model("small_cnn", (3, 16, 16), 10)
+    optimizer = build_optimizer(now, net.parameters())
+    return TrainState(
+        net,
+        optimizer,
+        build_scheduler(now, optimizer, 100),
+        grad_scaler("off", torch.device("cpu")),
+    )
 
 
 def test_an_earlier_checkpoint_loads_checks_and_restores():
@@ -41,19 +59,42 @@ def test_an_earlier_checkpoint_loads_checks_and_restores():
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state["model"].items())
 
     now = TrainConfig(**FLAGS)
-    net = build_model("small_cnn", (3, 16, 16), 10)
-    optimizer = build_optimizer(now, net.parameters())
-    train = TrainState(
-        net,
-        optimizer,
-        build_scheduler(now, optimizer, 100),
-        grad_scaler("off", torch.device("cpu")),
-    )
+    train = _restored(now)
     worker = Worker(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
     restore_training(Restored(state, CHECKPOINT), train, worker, now, steps_per_epoch=10)
     assert (train.progress.epoch, train.progress.sample, train.progress.step) == (1, 160, 8)
     assert train.scheduler.last_epoch == 3  # the optimizer steps it had taken
     assert set(train.optimizer.state_dict()["state"]) == set(state["optimizer"]["state"])
+
+
+def test_an_earlier_checkpoint_finishes_its_epoch_in_its_own_order(capsys):
+    """The checkpoint stopped 160 samples into epoch 2 of an order made by
+    ``torch.randperm`` (it records no order version): that epoch is finished in it, from
+    its sample 160, and the next epoch takes today's keyed permutation; its checkpoints
+    say which (the version is in their order record)."""
+    now = TrainConfig(**FLAGS)
+    train, state = _restored(now), load_state(CHECKPOINT)
+    worker = Worker(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
+    restored = Restored(state, CHECKPOINT)
+    restore_training(restored, train, worker, now, steps_per_epoch=188)
+    splits = make_synthetic(now.seed)
+    order = GlobalOrderBatches(len(splits[0]), batch_size=32, global_batch=64, seed=7, rank=0,
+                               world_size=2, tag_epoch=False)  # fmt: skip
+    record = order_record(order.plan, None)
+    loaders = (DataLoader(splits[0], batch_sampler=order), DataLoader(splits[1]))
+    data = WorkerData(loaders[0], order, loaders[1], 12_000, 2_000, 188, 1, record)
+    continue_epoch(restored, train, worker, now, data, EpochSums())
+    assert "epoch 2 is finished in the order its checkpoint counted in (order version 1)" in (
+        capsys.readouterr().out
+    )
+    assert train.progress.sample == 160
+    order.set_position(train.progress.epoch, train.progress.sample)
+    assert order.plan.version == RANDPERM_VERSION
+    then = torch.randperm(12_000, generator=torch.Generator().manual_seed(7 + 1)).tolist()
+    assert [s.indices for s in order.slots[:3]] == [then[160:192], then[224:256], then[288:320]]
+    order.set_position(2, 0)
+    assert order.plan.version == ORDER_VERSION
+    assert record["version"] == ORDER_VERSION
 
 
 def test_an_earlier_run_record_guards_its_re_runs(tmp_path):

@@ -1,8 +1,10 @@
 """Several nodes simulated on this machine (ray.cluster_utils.Cluster), one cluster for the
 module: a request the cluster's totals hold but its nodes do not, refused at once; a node
 lost mid-run by workers spread over nodes, survived through --max-failures, and the run's
-checkpoint evaluated there; and an elastic run that loses a node, continues on fewer workers, grows
-back when a node joins and ends with the weights of the uninterrupted run.
+checkpoint evaluated there; an elastic run that loses a node, continues on fewer workers, grows
+back when a node joins and ends with the weights of the uninterrupted run; and the chaos run:
+a worker SIGKILLed, an upload the object store refuses for a while and a spot reclaim
+notice, in one run that ends with the uninterrupted run's weights, bit for bit.
 
 The cluster: a head with 1 CPU, and two nodes (1 and 2 CPUs) that also carry one ``slot``
 each. A test that removes a node adds one of the same shape back (:meth:`Nodes.replace`).
@@ -23,10 +25,17 @@ import time
 
 import pytest
 from background import BackgroundRun
-from ledgers import EXACT_RUN, assert_every_sample_once, assert_same_weights, ledger, stalls
+from ledgers import (
+    EXACT_RUN,
+    STEPS_PER_EPOCH,
+    assert_every_sample_once,
+    assert_same_weights,
+    ledger,
+    stalls,
+)
 from ports import free_port
 
-from ray_ddp.checkpoint.format import load_state
+from ray_ddp.checkpoint.format import load_checkpoint_state, load_state
 from ray_ddp.config import TrainConfig
 from ray_ddp.driver.cli import evaluate_main, train_main
 from ray_ddp.testing.harness import stall_marker
@@ -63,7 +72,9 @@ class Nodes:
 
 
 @pytest.fixture(scope="module")
-def nodes(no_shared_ray):
+def nodes(no_shared_ray, s3):
+    """The cluster; its processes inherit the environment that points at the session's S3
+    server (``s3``, started first)."""
     import ray
     from ray.cluster_utils import Cluster
 
@@ -94,10 +105,13 @@ def nodes(no_shared_ray):
 
 
 def _registered(run_dir: str) -> dict | None:
-    """The metrics of the newest checkpoint Ray Train has registered (None before any)."""
+    """The metrics of the newest checkpoint Ray Train has registered (None before any; a
+    local run or a URI)."""
+    from ray_ddp.io.storage import join, read_text
+
     try:
-        with open(os.path.join(run_dir, "checkpoint_manager_snapshot.json")) as file:
-            latest = json.load(file).get("latest_checkpoint_result")
+        text = read_text(join(run_dir, "checkpoint_manager_snapshot.json"))
+        latest = json.loads(text).get("latest_checkpoint_result") if text else None
     except (OSError, ValueError):
         return None
     return latest["metrics"] if latest else None
@@ -277,81 +291,146 @@ def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, s
 
 RECLAIM_NOTICE_S = 15
 """The reclaim notice's lead in the test (AWS gives 120 s)."""
-RECLAIM_STEPS = 32  # 4 epochs of 8 steps of 0.5 s: a run that outlasts the notice
+CHAOS_STEP_S = 0.3  # every step: 80 of them outlast the faults and the notice
+HELD_UPLOAD, KILLED_AT, NOTICE_AT = 20, 23, 43
 
 
-def test_a_reclaim_notice_checkpoints_at_once_then_last_before_the_deadline_and_redoes_nothing(
-    nodes, storage, capsys
+def test_chaos_a_kill_a_failing_upload_and_a_reclaim_notice_in_one_run_end_bit_identical(
+    straight_run, s3, nodes, capsys
 ):
-    """A spot reclaim as a cloud provider's notice reaches Ray: the node holding rank 1 is
-    drained (the workers ask for a ``slot``: one per worker node) with the preemption
-    reason and a deadline while rank 1 is inside step 3, held there by the harness until
-    the notice has reached it. The run asks Ray at every step (--preemption-check-steps
-    1): rank 0 had already asked at step 3's boundary, so step 4's sees the notice and
-    checkpoints there. Training goes on (steps of 0.5 s) to the last step whose checkpoint
-    is done before the deadline, checkpoints again and holds (where an epoch's end comes
-    last, after the epoch's own checkpoint: which one depends on the machine's speed).
-    The provider takes the node at the deadline (killed, not shut down). The restart
-    resumes from that last checkpoint: nothing trained is done again. It is Ray's own
-    preemption retry (``max_preemption_failures``), not one of --max-failures, which is 0
-    here."""
+    """The exactness run (``ledgers.EXACT_RUN``, 80 steps, a checkpoint every 10, here
+    asynchronous to the S3 server), each worker on its own node (a ``slot`` each), meets in
+    one run what a spot cluster with a throttled object store does to it:
+
+    1. the store refuses writes when step 10's checkpoint is uploaded (503 SlowDown;
+       ``s3server.FAULTS``) until the run says it tries again (the AWS SDK's retries gave
+       up): the second try, 2 s later, is registered, while training goes on;
+    2. step 20's upload is held in flight (the harness) while rank 1 stops at step 23,
+       and the test SIGKILLs it: the restart (one of --max-failures) resumes from step
+       10, the checkpoint tried twice, and trains steps 11-23 again;
+    3. rank 1 of the new group stops inside step 43 until a reclaim notice reaches it:
+       the test drains its node with the preemption reason and a deadline. The run asks
+       Ray at every step (--preemption-check-steps 1), checkpoints at step 44 at once,
+       trains on to the last step whose checkpoint is done before the deadline,
+       checkpoints again and holds. The provider takes the node at the deadline (killed,
+       not shut down); Ray's preemption retry (``max_preemption_failures``, not
+       --max-failures) resumes from that last checkpoint, redoing nothing.
+
+    The run ends with the uninterrupted run's weights, bit for bit. Each fault's cost is in
+    docs/elastic-and-faults.md."""
+    import signal
     import subprocess
     import sys
 
-    from ray_ddp.testing.harness import Harness, Stall
+    import s3server
+    from test_reliability import _assert_identical, _straight_weights
 
-    address = nodes.cluster.address
+    from ray_ddp.io import storage as store
+    from ray_ddp.testing.harness import Harness, Stall, upload_marker
+
+    address, prefix = nodes.cluster.address, f"chaos-{os.getpid()}"
+    storage_path = f"s3://{s3server.BUCKET}/{prefix}"
     cfg = TrainConfig(
-        num_workers=2, resources_per_worker={"slot": 1}, max_failures=0, epochs=4,
-        train_samples=1024, val_samples=101, storage_path=storage, name="reclaimed",
-        export=False, tensorboard=False, preemption_check_steps=1,
+        num_workers=2, resources_per_worker={"slot": 1}, max_failures=1,
+        storage_path=storage_path, name="chaos", preemption_check_steps=1,
+        checkpoint_mode="async", **EXACT_RUN,
     )  # fmt: skip
-    run_dir = os.path.join(storage, "reclaimed")
-    held = Stall(3, 1, seconds=120, until_notice=True)
-    run = BackgroundRun(cfg, harness=Harness(stalls=(held,), slow_step_s=0.5))
-    pid = _until("rank 1 inside step 3", lambda: _marker_pid(run_dir, 3, 1), run)
-    node_id = _node_of(address, pid)
-    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
-    deadline = time.time() + RECLAIM_NOTICE_S
-    subprocess.run(
-        [ray_cli, "drain-node", "--address", address, "--node-id", node_id,
-         "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim (test)",
-         "--deadline-remaining-seconds", str(RECLAIM_NOTICE_S)],
-        check=True, capture_output=True, timeout=60,
+    run_dir = store.join(storage_path, "chaos")
+    harness = Harness(
+        stalls=(Stall(KILLED_AT, 1), Stall(NOTICE_AT, 1, seconds=120, until_notice=True)),
+        slow_step_s=CHAOS_STEP_S, hold_upload_step=HELD_UPLOAD,
     )  # fmt: skip
-    _until("the notice's checkpoint", lambda: (m := _registered(run_dir)) and m["step"] >= 4, run)
-    victim = nodes.by_id(node_id)  # a worker node: the workers ask for a slot
-    # The provider takes the node at the notice's deadline (Ray tells a reclaim from a
-    # crash by that: a drained node gone before its deadline died unexpectedly).
-    time.sleep(max(0.0, deadline - time.time()) + 0.5)
-    last = _registered(run_dir)["step"]
-    nodes.cluster.remove_node(victim, allow_graceful=False)
-    nodes.replace(victim)  # a new spot node for the restart
-    summary = run.finish(timeout=300)
-    out = capsys.readouterr().out
-    said = [ln for ln in out.splitlines() if " reclaimed in " in ln]
-    assert len(said) == 1 and said[0].endswith("(ranks 1): checkpoint at step 4"), said
-    planned = [
-        ln.split("at step ")[1] for ln in out.splitlines() if "before the deadline: at" in ln
-    ]
-    holding = [ln for ln in out.splitlines() if "until the node goes" in ln]
-    assert planned == [str(last)] and last > 4, (planned, last)  # a second checkpoint
+    started, timeline = time.monotonic(), []
+
+    def note(event: str) -> None:
+        timeline.append(f"{time.monotonic() - started:6.1f} s  {event}")
+
+    seen: list[str] = []
+
+    def printed(text: str) -> bool:
+        """``text`` is in the run's output so far (all of it kept for the end)."""
+        seen.append(capsys.readouterr().out)
+        return text in "".join(seen)
+
+    s3server.FAULTS.fail_puts(f"/{prefix}/chaos/checkpoint_")  # until cleared
+    try:
+        run = BackgroundRun(cfg, harness=harness)
+        _until("step 10's upload tried again", lambda: printed(": the upload failed ("), run)
+        s3server.FAULTS.clear()  # the store is back
+        note("step 10's upload refused until tried again")
+        pid = _until(
+            f"step {HELD_UPLOAD}'s upload held, rank 1 at step {KILLED_AT}, step 10 registered",
+            lambda: store.exists(upload_marker(run_dir, HELD_UPLOAD))
+            and (m := _registered(run_dir)) and m["step"] == 10
+            and _marker_pid(run_dir, KILLED_AT, 1),
+            run,
+        )  # fmt: skip
+        os.kill(pid, signal.SIGKILL)
+        note(f"rank 1 SIGKILLed at step {KILLED_AT} (step 10 registered, step 20's held)")
+        pid = _until(
+            f"rank 1 inside step {NOTICE_AT}", lambda: _marker_pid(run_dir, NOTICE_AT, 1), run
+        )
+        note(f"the new group's rank 1 inside step {NOTICE_AT}")
+        node_id = _node_of(address, pid)
+        ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+        deadline = time.time() + RECLAIM_NOTICE_S
+        subprocess.run(
+            [ray_cli, "drain-node", "--address", address, "--node-id", node_id,
+             "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "spot reclaim (test)",
+             "--deadline-remaining-seconds", str(RECLAIM_NOTICE_S)],
+            check=True, capture_output=True, timeout=60,
+        )  # fmt: skip
+        note(f"its node drained: a reclaim notice, {RECLAIM_NOTICE_S} s ahead")
+        notice = NOTICE_AT + 1
+        _until(
+            "the notice's checkpoint",
+            lambda: (m := _registered(run_dir)) and m["step"] >= notice,
+            run,
+        )
+        victim = nodes.by_id(node_id)  # a worker node: the workers ask for a slot
+        # The provider takes the node at the notice's deadline (Ray tells a reclaim from a
+        # crash by that: a drained node gone before its deadline died unexpectedly).
+        time.sleep(max(0.0, deadline - time.time()) + 0.5)
+        last = _registered(run_dir)["step"]
+        nodes.cluster.remove_node(victim, allow_graceful=False)
+        note(f"the node taken at its deadline; step {last} registered")
+        nodes.replace(victim)  # a new spot node for the restart
+        summary = run.finish(timeout=300)
+        note("finished")
+    finally:
+        s3server.FAULTS.clear()
+    lines = ("".join(seen) + capsys.readouterr().out).splitlines()
+    with capsys.disabled():  # the cost of each fault, with pytest -s
+        print("\n".join(timeline))
+    retried = [ln for ln in lines if ": the upload failed (" in ln]
+    assert len(retried) == 1 and "SLOW_DOWN" in retried[0] and "try 2 of 4 in 2 s" in retried[0]
+    resumed = [ln for ln in lines if "resumed from" in ln]
+    assert len(resumed) == 2 and "10 steps done" in resumed[0], resumed  # the kill
+    assert f"{last} steps done" in resumed[1], resumed  # the reclaim: nothing redone
+    said = [ln for ln in lines if " reclaimed in " in ln]
+    assert len(said) == 1 and said[0].endswith(f"(ranks 1): checkpoint at step {notice}"), said
+    planned = [ln.split("at step ")[1] for ln in lines if "before the deadline: at" in ln]
+    holding = [ln for ln in lines if "until the node goes" in ln]
+    assert planned == [str(last)] and last > notice, (planned, last)  # a second checkpoint
     assert len(holding) == 1 and f"holding at step {last} " in holding[0], holding
-    resumed = [ln for ln in out.splitlines() if "resumed from" in ln]
-    assert len(resumed) == 1 and f"{last} steps done" in resumed[0], resumed  # none redone
-    assert summary["steps"] == RECLAIM_STEPS and summary["epochs_completed"] == 4
+    assert summary["steps"] == 2 * STEPS_PER_EPOCH and summary["epochs_completed"] == 2
     assert victim.node_id not in {r["node_id"] for r in summary["ranks"]}
     checks = summary["preemption_checks"]
-    assert checks["asked"] == RECLAIM_STEPS - last  # every step of the restart
+    assert checks["asked"] == summary["steps"] - last  # every step of the last attempt
+    final = load_checkpoint_state(summary["latest_checkpoint"])["model"]  # on S3
+    _assert_identical(final, _straight_weights(straight_run))
     each_ms = checks["seconds"] / checks["asked"] * 1e3
     with capsys.disabled():  # the cost, with pytest -s
+        print("\n".join([*retried, *resumed]))
         print(f"reclaim notices asked {checks['asked']} times: {each_ms:.1f} ms each; "
-              f"checkpoints at steps 4 and {last} of the notice")  # fmt: skip
+              f"checkpoints at steps {notice} and {last} of the notice")  # fmt: skip
 
 
 def _marker_pid(run_dir: str, step: int, rank: int) -> int | None:
+    """The pid rank ``rank`` wrote when it stopped at ``step`` (a local run or a URI)."""
+    from ray_ddp.io.storage import read_text
+
     try:
-        with open(stall_marker(run_dir, step, rank)) as file:
-            return int(file.read().split()[1])
+        return int((read_text(stall_marker(run_dir, step, rank)) or "").split()[1])
     except (OSError, IndexError, ValueError):
         return None

@@ -14,7 +14,13 @@ What an order promises (``global_order``'s and ``streaming``'s docstrings):
 4. each slot's ``step_samples`` is the sum of its step's micro-batches' sizes (so the
    micro-batch weights of a step add up to one);
 5. the streamed order reads locally: micro-batch ``j`` of every whole step comes from lane
-   ``j`` (a contiguous run of the epoch's row-group order), within one shuffle window.
+   ``j`` (a contiguous run of the epoch's row-group order), within one shuffle window;
+6. the in-memory order (``permutation.KeyedPermutation``) is a bijection of ``[0, N)``,
+   at any N (to 2**62, through its inverse), and a rank's slots, computed when read, are
+   those of a plan resumed there, at a billion samples too.
+
+The in-memory order is drawn in both versions (``global_order.ORDER_VERSION`` and the
+first, ``torch.randperm``, which a checkpoint of it finishes its epoch in).
 
 The locality checks do not re-derive the implementation's random draws: they check what
 any order with lanes and windows must satisfy (see ``_assert_lanes_are_local``).
@@ -32,7 +38,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ray_ddp.data.order.global_order import EpochPlan, Slot
+from ray_ddp.data.order.global_order import ORDER_VERSION, RANDPERM_VERSION, EpochPlan, Slot
+from ray_ddp.data.order.permutation import KeyedPermutation
 
 PROPERTIES = settings(
     max_examples=60,
@@ -71,6 +78,7 @@ def plans(draw: st.DrawFn, streamed: bool) -> EpochPlan:
         epoch=draw(st.integers(0, 1000)),
         pieces=pieces,
         buffer=draw(st.integers(1, 300)) if streamed else 0,
+        version=draw(st.sampled_from([ORDER_VERSION, RANDPERM_VERSION])),
     )
 
 
@@ -174,7 +182,7 @@ def _boundaries(plan: EpochPlan, data: st.DataObject) -> list[int]:
 def _resumed(plan: EpochPlan, start: int) -> EpochPlan:
     return EpochPlan(
         plan.size, plan.batch_size, plan.global_batch, plan.seed, plan.epoch, start,
-        plan.pieces, plan.buffer,
+        plan.pieces, plan.buffer, plan.version,
     )  # fmt: skip
 
 
@@ -306,3 +314,63 @@ def test_the_epoch_s_end_is_a_position_with_no_steps_left(plan):
     rest = _resumed(plan, plan.step_start(plan.steps))
     assert rest.steps == 0 and rest.bounds() == []
     assert all(rest.slots(rank, world) == [] for world in worlds(plan) for rank in range(world))
+
+
+SEEDS = st.integers(0, 2**63 - 1)  # --seed's range
+EPOCHS = st.integers(0, 10_000)
+
+
+@PROPERTIES
+@given(size=st.one_of(st.integers(1, 40), st.integers(1, 5000)), seed=SEEDS, epoch=EPOCHS)
+def test_the_keyed_permutation_is_a_bijection_of_the_samples(size, seed, epoch):
+    """Property 6: every position names one sample, every sample one position."""
+    perm = KeyedPermutation(size, seed, epoch)
+    values = perm.at(np.arange(size))
+    assert sorted(values.tolist()) == list(range(size))
+    assert perm.position_of(values).tolist() == list(range(size))
+    assert list(perm) == values.tolist() == perm[:]
+
+
+@PROPERTIES
+@given(size=st.integers(2, 2**62), seed=SEEDS, epoch=EPOCHS, data=st.data())
+def test_the_keyed_permutation_inverts_at_any_size(size, seed, epoch, data):
+    """Property 6 where the samples cannot be listed: positions and samples drawn
+    anywhere in ``[0, N)`` map into it and back (so no two positions share a sample)."""
+    perm = KeyedPermutation(size, seed, epoch)
+    drawn = st.lists(st.integers(0, size - 1), min_size=1, max_size=64)
+    positions, samples = (np.asarray(data.draw(drawn), dtype=np.int64) for _ in range(2))
+    values = perm.at(positions)
+    assert ((values >= 0) & (values < size)).all()
+    assert (perm.position_of(values) == positions).all()
+    assert (perm.at(perm.position_of(samples)) == samples).all()
+
+
+@PROPERTIES
+@given(
+    size=st.integers(10**6, 10**12),
+    batch=st.integers(1, 64),
+    per_step=st.integers(1, 8),
+    lockstep=st.booleans(),
+    data=st.data(),
+)
+def test_a_billion_samples_slots_are_those_of_a_plan_resumed_there(
+    size, batch, per_step, lockstep, data
+):
+    """Property 3 at scale, sampled: a rank's slots of step ``k``, read from the epoch's
+    plan (computed when read), are the slots of a plan resumed at step ``k`` at another
+    world size's rank holding the same micro-batches; and reading them costs nothing up
+    front (a billion samples would not fit as a list)."""
+    plan = EpochPlan(size, batch, batch * per_step, seed=data.draw(SEEDS), epoch=3)
+    world = data.draw(st.integers(1, per_step))
+    rank = data.draw(st.integers(0, world - 1))
+    k = data.draw(st.sampled_from([0, 1, plan.steps - 2, plan.steps - 1]).filter(lambda s: s >= 0))
+    slots = plan.slots(rank, world, lockstep)
+    rest = _resumed(plan, plan.step_start(k)).slots(rank, world, lockstep)
+    turns = slots.turns(per_step)
+    mine = [s for s in slots[k * turns : (k + 1) * turns] if s.step == k]
+    theirs = [s for s in rest[:turns] if s.step == 0]
+    assert [(s.indices, s.micro, s.boundary, s.filler) for s in mine] == [
+        (s.indices, s.micro, s.boundary, s.filler) for s in theirs
+    ]
+    assert len(slots) == (plan.steps - 1) * turns + slots.last_turns
+    assert all(0 <= i < size for s in mine for i in s.indices)

@@ -77,11 +77,13 @@ def test_a_splits_fingerprint_follows_its_files_and_row_groups(tmp_path):
 
 @pytest.mark.ray
 def test_a_mid_epoch_position_on_changed_data_or_cut_is_refused_then_restarted(
-    ray_session, storage, tmp_path, capsys
+    ray_session, storage, tmp_path, capsys, tracking_server
 ):
     """A streamed split stopped 8 samples into epoch 1, then re-run: with another per-worker
     batch (the streamed order is cut by it), and with a shard added (16 -> 20 rows), each
-    refused in one line and not retried; then --restart-epoch trains the new split once."""
+    refused in one line and not retried; then --restart-epoch trains the new split once.
+    Tracked in MLflow throughout (issue 44): the restarted epoch's steps are logged again,
+    the first of them at a step the stopped run had logged."""
     root = str(tmp_path / "data")
     _write(os.path.join(root, "train"), 0, 16)
     _write(os.path.join(root, "val"), 0, 8, seed=9)
@@ -89,7 +91,8 @@ def test_a_mid_epoch_position_on_changed_data_or_cut_is_refused_then_restarted(
         "--dataset", "parquet", "--parquet-read", "stream", "--data-dir", root,
         "--image-size", "16", "--batch-size", "4", "--epochs", "1", "--num-workers", "2",
         "--max-failures", "2", "--storage-path", storage, "--name", "grew", "--no-export",
-        "--no-tensorboard",
+        "--no-tensorboard", "--tracking", "mlflow", "--tracking-uri", tracking_server.uri,
+        "--experiment", "restarted", "--log-every-steps", "1",
     ]  # fmt: skip
     assert train_main([*argv, "--max-steps", "1"]) == 0  # stopped 8 samples into epoch 1
     stopped = "stopped 8 samples into epoch 1, a position in an order that no longer names the "
@@ -118,3 +121,22 @@ def test_a_mid_epoch_position_on_changed_data_or_cut_is_refused_then_restarted(
         summary = json.load(f)
     (epoch,) = summary["history"]
     assert epoch["train_samples"] == 20 and summary["steps"] == 3  # the whole new split, once
+    _assert_restarted_steps_tracked(tracking_server.uri, summary)
+
+
+def _assert_restarted_steps_tracked(uri: str, summary: dict) -> None:
+    """MLflow keeps each step's history: the stopped run's step 1, then the restarted
+    epoch's steps 1-3, trained again on the new split (the high-water mark of the stopped
+    run's step 1 must not hide the new step 1), and the epoch's loss as the run has it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    run_id = summary["tracking"]["run_id"]
+    history = sorted(client.get_metric_history(run_id, "train_loss"), key=lambda m: m.timestamp)
+    assert [m.step for m in history] == [1, 1, 2, 3], [(m.step, m.timestamp) for m in history]
+    # The stopped run's figures of its part of the epoch, at step 1; the restarted epoch's.
+    epochs = sorted(client.get_metric_history(run_id, "epoch_train_loss"),
+                    key=lambda m: m.timestamp)  # fmt: skip
+    assert [m.step for m in epochs] == [1, 3]
+    assert epochs[-1].value == pytest.approx(summary["history"][0]["train_loss"])
+    assert summary["tracking"]["complete"] and summary["tracking"]["dropped"] == 0

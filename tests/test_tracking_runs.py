@@ -17,12 +17,17 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import pytest
 from mlflow_server import MlflowServer, server_command
+from slow_proxy import SlowProxy
 
 from ray_ddp.driver.run import fit
+from ray_ddp.driver.tracking import finish_tracking, open_tracking
 from ray_ddp.testing.harness import Harness, Stall
+from ray_ddp.tracking.params import Settings, run_tags
+from ray_ddp.tracking.tracker import Tracker, read_run_id
 
 pytestmark = [
     pytest.mark.ray,
@@ -64,6 +69,87 @@ def tracked(ray_session, server, tmp_path_factory):
 
 def _run(client, summary):
     return client.get_run(summary["tracking"]["run_id"])
+
+
+def _runs(client, experiment: str) -> list:
+    found = client.get_experiment_by_name(experiment)
+    return list(client.search_runs([found.experiment_id])) if found else []
+
+
+def test_an_open_answered_too_late_makes_no_second_run(server, client, tmp_path, monkeypatch):
+    """The driver opens the run before the workers start; the server makes it, but its
+    answer comes after the client has given up (a slow network: ``slow_proxy``). Rank 0
+    then opens the run as the workers do, logs, and the driver ends it: one MLflow run,
+    with everything. (No Ray: the driver's and rank 0's own calls, in their order.)"""
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")  # 10 s in a run: shortened here
+    run_dir, experiment = str(tmp_path / "late"), f"late-{uuid.uuid4().hex[:8]}"
+    lines: list[str] = []
+    with SlowProxy(server.uri) as proxy:
+        proxy.hold("/runs/create", seconds=4)
+        settings = Settings("mlflow", proxy.uri, experiment, "late", run_dir,
+                            run_tags("late", run_dir, None))  # fmt: skip
+        open_tracking(settings)  # the driver, before the workers
+        rank0 = Tracker(settings, read_run_id(run_dir, "mlflow"), lines.append)
+        rank0.params({"lr": 0.1})
+        rank0.points(1, {"train_loss": 1.0})
+        rank0.metrics(1, {"val_loss": 0.5})
+        ended = rank0.close(30)
+        finish_tracking(settings, {"tracking": ended})
+        made = proxy.seen("/runs/create")
+    assert made == 1  # the make whose answer was lost is found by its key, not asked again
+    runs = _runs(client, experiment)
+    assert len(runs) == 1, [(r.info.run_id, r.info.start_time) for r in runs]
+    (run,) = runs
+    assert run.info.run_id == ended["run_id"] == read_run_id(run_dir, "mlflow")
+    assert run.data.params == {"lr": "0.1"} and run.info.status == "FINISHED"
+    assert set(run.data.metrics) == {"train_loss", "val_loss"}
+
+
+def test_a_server_far_behind_the_run_loses_step_points_only_and_the_end_line_says_so(
+    server, client, tmp_path
+):
+    """The server takes the params, then answers only once 200 steps' points (3 a step)
+    and 10 epochs' metrics (2 each) have been put into a queue of 60 step points (a slow
+    network: ``slow_proxy``). What the server holds is read back: every param and metric,
+    the thinned curve's points, and the end line's numbers are exactly those. (No Ray:
+    rank 0's tracker as the workers use it.)"""
+    run_dir, experiment = str(tmp_path / "behind"), f"behind-{uuid.uuid4().hex[:8]}"
+    answered = threading.Event()
+    with SlowProxy(server.uri) as proxy:
+        settings = Settings("mlflow", proxy.uri, experiment, "behind", run_dir, {})
+        tracker = Tracker(settings, None, print, interval_s=0.05, capacity=60)
+        assert tracker.wait_for_run(30)
+        proxy.hold("/runs/log-batch", until=answered)
+        tracker.params({f"p{i}": i for i in range(10)})
+        tracker.sender.flush()
+        deadline = time.monotonic() + 10
+        while not proxy.seen("/runs/log-batch") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for step in range(1, 201):  # the server has the params; its answer is held
+            tracker.points(step, {"train_loss": 1.0 / step, "lr": 0.1, "samples_per_s": 9.0})
+            if step % 20 == 0:
+                tracker.metrics(step, {"val_loss": 0.5, "epoch_train_loss": 0.6})
+        answered.set()
+        ended = tracker.close(30)
+        line = tracker.sender.line()
+    run = client.get_run(ended["run_id"])
+    assert run.data.params == {f"p{i}": str(i) for i in range(10)}
+    for key in ("val_loss", "epoch_train_loss"):
+        assert [m.step for m in client.get_metric_history(run.info.run_id, key)] == list(
+            range(20, 201, 20)
+        )
+    steps = sorted(m.step for m in client.get_metric_history(run.info.run_id, "train_loss"))
+    for key in ("lr", "samples_per_s"):
+        assert sorted(m.step for m in client.get_metric_history(run.info.run_id, key)) == steps
+    assert steps[-1] == 200 and len(steps) == len(set(steps)) <= 20
+    held = 3 * len(steps)
+    assert ended["thinned_points"] == 600 - held and ended["dropped"] == 600 - held
+    assert ended["delivered"] == {"param": 10, "point": held, "metric": 20}
+    assert line == (
+        f"MLflow tracking ({proxy.uri}): not everything reached the tracker: {600 - held} "
+        "step points thinned out while the tracker lagged behind (every other step waiting, "
+        f"the newest kept); it has {held} step points, 20 metrics, 10 params"
+    )
 
 
 def test_params_tags_and_status(tracked, client):
@@ -162,7 +248,7 @@ def test_a_server_stopped_mid_run_costs_one_warning_line_and_the_run_finishes(
             path = os.path.join(storage, "down", "tracking.json")
             if run_id is None and os.path.exists(path):
                 with open(path) as f:
-                    run_id = json.load(f)["mlflow"]["run_id"]
+                    run_id = json.load(f)["mlflow"].get("run_id")  # its key comes first
             if run_id and client.get_metric_history(run_id, "train_loss"):
                 break
             time.sleep(0.2)

@@ -168,6 +168,18 @@ class SkipUnreadable(Dataset):
                 raise
             return BadSample(split_index(key), sample_name(self.dataset, key), error_line(exc))
 
+    def __getitems__(self, keys: list[Any]) -> list[Any]:
+        """A micro-batch at once where the dataset makes one (the built-in data does);
+        sample by sample otherwise, or where one of them is unreadable (to name it)."""
+        many = getattr(self.dataset, "__getitems__", None)
+        if many is not None:
+            try:
+                return many(keys)
+            except Exception as exc:
+                if not is_unreadable(exc):
+                    raise
+        return [self[key] for key in keys]
+
 
 class SkipUnreadableCollate:
     """The task's ``collate`` over the good samples; records ride along (module docstring)."""

@@ -85,7 +85,9 @@ def settings_for(cfg: TrainConfig, parent_run_id: str | None = None) -> Settings
 def open_tracking(settings: Settings | None) -> str | None:
     """The tracker run made (or found again) before any worker starts, its id kept in
     the run's folder, so that every attempt logs to the one run. A server that has not
-    answered in 20 s is left to rank 0, which tries again and says it (so not here)."""
+    answered in 20 s is left to rank 0, which tries again and says it (so not here); a
+    run the server made while its answer was lost is found by its key, not made again
+    (``mlflow_sink``)."""
     if settings is None:
         return None
     kept = read_run_id(settings.run_dir, settings.kind)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ray_ddp.io.storage import is_uri
 from ray_ddp.tracking.params import Settings
-from ray_ddp.tracking.sender import Item
+from ray_ddp.tracking.sender import METRICS, Item
 
 
 class WandbSink:
@@ -46,7 +46,7 @@ class WandbSink:
         config, files, end = {}, [], None
         for item in items:
             kind = item[0]
-            if kind == "metric":
+            if kind in METRICS:
                 _, key, value, step, _ = item
                 if step > self.floor and step >= self.last:
                     rows.setdefault(step, {})[key] = value

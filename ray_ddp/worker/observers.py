@@ -293,7 +293,7 @@ class Tracked(StepObserver):
         values = {"train_loss": loss.item(), "lr": lr}
         if seconds > 0 and now.trained > self.counted:
             values["samples_per_s"] = (now.trained - self.counted) * world_size() / seconds
-        self.tracker.metrics(now.step, values)
+        self.tracker.points(now.step, values)
         self.since, self.counted = time.perf_counter(), now.trained
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +20,9 @@ from ray_ddp.checkpoint.format import (
 )
 from ray_ddp.config import TrainConfig
 from ray_ddp.config.batch import accumulation, saved_global_batch
-from ray_ddp.data.order.continuation import order_change
+from ray_ddp.data.order.continuation import order_change, saved_version
 from ray_ddp.io.storage import filesystem, list_checkpoints
+from ray_ddp.worker.data import WorkerData
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import apply_hyperparameters, hyperparameters, set_schedule_step
 from ray_ddp.worker.sharding import load_shards
@@ -254,33 +256,39 @@ def continue_epoch(
     state: TrainState,
     worker: Worker,
     cfg: TrainConfig,
-    record: dict[str, Any] | None,
-    steps_per_epoch: int,
+    data: WorkerData,
     sums: EpochSums,
 ) -> EpochSums:
     """After a restore inside an epoch: continue it only on the order its position was
     counted in (``data.order.continuation``); where the data or the order's flags changed,
-    refuse in one line, or start the epoch over with ``--restart-epoch``. ``record``: this
-    run's order (None: a Ray Data stream, whose epoch always restarts). Returns the sums
-    to continue with."""
-    progress = state.progress
+    refuse in one line, or start the epoch over with ``--restart-epoch``. A position of an
+    older order version finishes its epoch in that order. Returns the sums to continue
+    with."""
+    progress, record, steps_per_epoch = state.progress, data.order_record, data.steps_per_epoch
     saved, progress.order = progress.order, record
-    if record is None:
+    if record is None:  # a Ray Data stream
         why = "a Ray Data stream cannot resume inside an epoch"
         return restart_epoch(state, worker, steps_per_epoch, sums, why)
-    if restored is None or not progress.sample or saved is None:  # None: an older checkpoint
+    if restored is None or not progress.sample:
         return sums
-    change = order_change(saved, record)
-    if change is None:
-        return sums
-    if cfg.restart_epoch:
+    change = None if saved is None else order_change(saved, record)  # None: an older one
+    if change is not None and cfg.restart_epoch:
         return restart_epoch(state, worker, steps_per_epoch, sums, f"--restart-epoch: {change}")
-    raise ResumeRefusedError(
-        f"{restored.source} stopped {progress.sample} samples into epoch {progress.epoch + 1}, "
-        f"a position in an order that no longer names the same samples: {change}. Put the "
-        f"data and flags back to finish the epoch, or re-run with --restart-epoch to start "
-        f"epoch {progress.epoch + 1} over"
-    )
+    if change is not None:
+        raise ResumeRefusedError(
+            f"{restored.source} stopped {progress.sample} samples into epoch "
+            f"{progress.epoch + 1}, a position in an order that no longer names the same "
+            f"samples: {change}. Put the data and flags back to finish the epoch, or re-run "
+            f"with --restart-epoch to start epoch {progress.epoch + 1} over"
+        )
+    version = saved_version(saved)
+    if version != record["version"] and not record["streamed"]:  # streamed: the same
+        data.train_order.finish_in(progress.epoch, version)
+        worker.log(
+            f"epoch {progress.epoch + 1} is finished in the order its checkpoint counted in "
+            f"(order version {version}); the epochs after it take version {record['version']}"
+        )
+    return sums
 
 
 def restart_epoch(
@@ -293,6 +301,7 @@ def restart_epoch(
         return sums
     progress.sample = 0
     progress.step = progress.epoch * steps_per_epoch
+    progress.tracked_since = int(time.time() * 1000)  # its steps are logged again
     set_schedule_step(state.scheduler, progress.step)
     worker.log(
         f"epoch {progress.epoch + 1} restarts from its first sample ({why}); the LR schedule "

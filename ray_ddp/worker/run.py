@@ -159,13 +159,12 @@ class WorkerRun:
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
         if restored is None or not restored.own:  # --resume-from's tracker run is not ours
-            state.progress.tracking_run = None
+            state.progress.tracking_run, state.progress.tracked_since = None, 0
         if worker.is_main:  # bad_samples.csv as the checkpoint left it
             state.progress.bad_sample_rows = rewind(cfg.run_dir, restored, worker.log)
         # Inside an epoch: only on the order its position counts in (a Ray Data stream's
         # epoch restarts).
-        self.partial = continue_epoch(restored, state, worker, cfg, self.data.order_record,
-                                      steps, self.partial)  # fmt: skip
+        self.partial = continue_epoch(restored, state, worker, cfg, self.data, self.partial)
         counted = cfg.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
         self.counter = attach_counter(model) if counted else None
         self.core = StepCore(state, self.task, self.autocast, worker.device, cfg.seed,
@@ -206,7 +205,8 @@ class WorkerRun:
             if cfg.progress_interval_s > 0:
                 chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
             if self.tracking is not None:
-                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log)
+                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log,
+                                       since_ms=self.state.progress.tracked_since)  # fmt: skip
                 chain.append(seen.Tracked(self.tracker, cfg.log_every_steps))
         if self.profiler is not None:
             chain.append(seen.Profiled(self.profiler))
@@ -269,6 +269,11 @@ class WorkerRun:
         while True:
             # A new, reproducible order every epoch, from where a checkpoint left it.
             data.train_order.set_position(position.epoch, position.sample)
+            if data.order_record is not None:  # its checkpoints name the order they count in
+                state.progress.order = {
+                    **data.order_record,
+                    "version": data.train_order.plan.version,
+                }
             with explain_oom(cfg, worker, "training"):
                 segment = train_segment(self.core, data.train_order, data.train_loader, sums,
                                         self.observer, self.limits)  # fmt: skip
@@ -402,6 +407,7 @@ class WorkerRun:
                 self.ended["profile"] = self.profiler.result
         if self.tracker is not None:
             self.ended["tracking"] = {**self.tracker.close(), "warned": self.tracker.sender.warned}
+            self.worker.log(self.tracker.sender.line())  # what did not reach it, exactly
             self.tracker = None
 
     def stop_watching(self) -> None:

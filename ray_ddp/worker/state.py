@@ -33,6 +33,12 @@ class TrainProgress:
     tracking_run: str | None = None
     """The experiment tracker's run this run logs to (``--tracking``; also kept in
     ``<run>/tracking.json``): a resume from this run's own checkpoint continues it."""
+    tracked_since: int = 0
+    """When this run's training last went back over steps the tracker has (ms since 1970,
+    rank 0's clock): a restarted epoch (``--restart-epoch``, a Ray Data stream) trains
+    them again, on another order. The tracker's points from before it belong to the steps
+    trained then, not to this line of training: they do not stop the steps trained again
+    from being logged (``tracking.mlflow_sink``)."""
 
     @classmethod
     def from_saved(cls, saved: dict) -> TrainProgress:

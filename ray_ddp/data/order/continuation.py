@@ -17,6 +17,13 @@ A checkpoint records these (:func:`order_record`); a resume inside an epoch comp
 (:func:`order_change`) and is refused, in one line, where they differ, unless
 ``--restart-epoch`` starts the epoch over. At an epoch boundary nothing is refused: the
 next epoch's order is made from today's data and flags.
+
+The record also names how the order was made (``global_order.ORDER_VERSION``; a record
+without one, or none at all, is of the first, ``torch.randperm``): an epoch a checkpoint
+of an older version stopped inside is finished in that version's order (:func:`saved_version`),
+and the epochs after it take today's. Keeping the old order for the rest of one epoch
+costs what it always did (one permutation held), and the run is neither stopped nor
+moved to another order mid-epoch, which would train some samples twice and others never.
 """
 
 from __future__ import annotations
@@ -51,7 +58,15 @@ def order_record(plan: Any, fingerprint: str | None) -> dict[str, Any]:
         "batch_size": plan.batch_size,
         "global_batch": plan.global_batch,
         "buffer": plan.buffer,
+        "version": plan.version,
     }
+
+
+def saved_version(saved: dict[str, Any] | None) -> int:
+    """The order version a checkpoint's position counts in (see the module docstring)."""
+    from ray_ddp.data.order.global_order import RANDPERM_VERSION
+
+    return (saved or {}).get("version", RANDPERM_VERSION)
 
 
 def order_change(saved: dict[str, Any], now: dict[str, Any]) -> str | None:

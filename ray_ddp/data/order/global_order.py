@@ -3,8 +3,10 @@
 This is what makes a run exact across a change in the number of workers (a lost node, a
 grown group, a resume on fewer GPUs). The unit is the optimizer step, not the worker:
 
-- each epoch is one seeded permutation of the whole training set (``seed + epoch``, as
-  DistributedSampler seeds it), the same on every rank and at every world size;
+- each epoch is one keyed permutation of the whole training set (``permutation``, keyed by
+  ``(seed, epoch)``), the same on every rank and at every world size, each position's
+  sample computed when read: a plan, and a new position, cost O(1), and a rank holds its
+  micro-batches one block at a time (:class:`RankSlots`), a billion samples or a thousand;
 - the permutation is cut into micro-batches of ``--batch-size`` consecutive samples (a
   last micro-batch of one sample joins the one before it: BatchNorm cannot train on one);
 - every ``global_batch / batch_size`` consecutive micro-batches make one optimizer step,
@@ -28,18 +30,28 @@ number of forward and backward passes. Micro-batch contents do not depend on the
 size either, so BatchNorm's batch statistics in training do not; its running statistics
 (buffers, not weights) follow the micro-batches rank 0 sees, which do.
 
-No Ray, no DataLoader and (but for the permutation) no torch here:
+No Ray, no DataLoader and (but for the first order version's ``torch.randperm``) no torch here:
 :class:`GlobalOrderBatches` is the batch sampler a DataLoader draws from, and the training
 loop reads the same :class:`Slot` list to weigh each micro-batch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ray_ddp.config.batch import accumulation
+from ray_ddp.data.order.permutation import KeyedPermutation
+
+RANDPERM_VERSION = 1
+"""The first order: ``torch.randperm(size)`` seeded by ``seed + epoch``, held whole (O(N)
+memory a rank, remade at every position). Checkpoints without an order version have it."""
+ORDER_VERSION = 2
+"""Today's order: ``permutation.KeyedPermutation`` of ``(seed, epoch)``, each position
+computed when read (O(1) memory). A streamed split's order (``streaming``) is the same in
+both."""
 
 
 def micro_batch_count(samples: int, batch_size: int) -> int:
@@ -93,17 +105,23 @@ class EpochPlan:
     order is then ``ray_ddp.data.order.streaming``'s two-level shuffle instead of a permutation."""
     buffer: int = 0
     """The streamed order's shuffle window, in rows (``--shuffle-buffer``)."""
+    version: int = ORDER_VERSION
+    """How the order is made (:data:`ORDER_VERSION`): a checkpoint taken inside an epoch
+    of an older version finishes that epoch in it (``worker.resume.continue_epoch``)."""
 
     @property
     def micro_per_step(self) -> int:
         return self.global_batch // self.batch_size
 
-    def bounds(self) -> list[tuple[int, int]]:
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches from ``start`` to the epoch's end (:func:`micro_batch_count`)."""
+        return micro_batch_count(self.size - self.start, self.batch_size)
+
+    def bounds(self) -> Bounds:
         """Each micro-batch's [begin, end) in the epoch's order, from ``start`` on
-        (:func:`micro_batch_count`'s rule)."""
-        count = micro_batch_count(self.size - self.start, self.batch_size)
-        starts = [self.start + i * self.batch_size for i in range(count)]
-        return list(zip(starts, [*starts[1:], self.size][: len(starts)], strict=True))
+        (:func:`micro_batch_count`'s rule), computed when asked."""
+        return Bounds(self)
 
     @property
     def first_step(self) -> int:
@@ -113,58 +131,153 @@ class EpochPlan:
     @property
     def steps(self) -> int:
         """Optimizer steps from ``start`` to the epoch's end."""
-        return -(-len(self.bounds()) // self.micro_per_step)
+        return -(-self.micro_batches // self.micro_per_step)
 
     def step_start(self, step: int) -> int:
-        """The position (samples of the order) where step ``step`` begins; the epoch's size
-        past its last step."""
-        bounds = self.bounds()
+        """The position (samples of the order) where step ``step`` (counted from
+        ``start``) begins; the epoch's size past its last step."""
         first = step * self.micro_per_step
-        return bounds[first][0] if first < len(bounds) else self.size
+        return self.start + first * self.batch_size if first < self.micro_batches else self.size
 
-    def order(self) -> list[int]:
-        if self.pieces is not None:
+    def order(self) -> Sequence[int]:
+        """The epoch's order: ``order()[position]`` is the sample trained there."""
+        return self._order
+
+    @functools.cached_property
+    def _order(self) -> Sequence[int]:
+        if self.pieces is not None:  # the same order in every version so far
             from ray_ddp.data.order.streaming import streaming_order
 
             return streaming_order(
                 self.pieces, self.buffer, self.seed, self.epoch, self.micro_per_step,
                 self.batch_size,
             )  # fmt: skip
-        import torch  # here: the config checks import this module, and not torch
+        if self.version == RANDPERM_VERSION:
+            import torch  # here: the config checks import this module, and not torch
 
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.size, generator=generator).tolist()
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            return torch.randperm(self.size, generator=generator).tolist()
+        return KeyedPermutation(self.size, self.seed, self.epoch)
 
-    def slots(self, rank: int, world_size: int, lockstep: bool = False) -> list[Slot]:
+    def slots(self, rank: int, world_size: int, lockstep: bool = False) -> RankSlots:
         """What rank ``rank`` of ``world_size`` trains, step by step: micro-batches
         ``rank``, ``rank + world_size``, ... of each step (where ``world_size`` does not
         divide them, some ranks train one more), or a filler where a short last step
         leaves it none. ``lockstep`` (FSDP2): a rank with fewer than the step's most
-        trains fillers after its own, so that every rank runs as many passes."""
+        trains fillers after its own, so that every rank runs as many passes. Computed
+        slot by slot as they are read (:class:`RankSlots`)."""
         accumulation(self.global_batch, self.batch_size, world_size)  # refuses too many ranks
-        order, bounds, per_step = self.order(), self.bounds(), self.micro_per_step
-        slots = []
-        for step in range(self.steps):
-            micro = bounds[step * per_step : (step + 1) * per_step]
-            samples = micro[-1][1] - micro[0][0]
-            mine = list(range(rank, len(micro), world_size))
-            most = -(-len(micro) // world_size) if lockstep else 1
+        return RankSlots(self, rank, world_size, lockstep)
+
+
+class _Computed(Sequence[Any]):
+    """A sequence whose items are computed when read, equal to any sequence (a list) of
+    the same items."""
+
+    def __eq__(self, other: Any) -> bool:
+        if not isinstance(other, Sequence):
+            return NotImplemented
+        return len(self) == len(other) and list(self) == list(other)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({list(self)[:4]}... of {len(self)})"
+
+
+class Bounds(_Computed):
+    """An :class:`EpochPlan`'s micro-batches as (begin, end) positions in its order."""
+
+    def __init__(self, plan: EpochPlan) -> None:
+        self.plan, self.count = plan, plan.micro_batches
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return [self[k] for k in range(self.count)[key]]
+        k = range(self.count)[key]  # negative numbers and IndexError as a list's
+        begin = self.plan.start + k * self.plan.batch_size
+        return (begin, self.plan.size if k == self.count - 1 else begin + self.plan.batch_size)
+
+
+_BLOCK = 8192
+"""Samples of the order computed at once while a rank's slots are iterated (a whole
+permutation call costs as much as a few thousand of its positions)."""
+
+
+class RankSlots(_Computed):
+    """One rank's :class:`Slot` list of an :class:`EpochPlan` (see ``EpochPlan.slots``),
+    each slot computed when read: O(1) to make, O(batch) to hold. Every step but the last
+    gives a rank the same number of slots (its *turns*), so slot ``i`` is turn
+    ``i % turns`` of step ``i // turns``."""
+
+    def __init__(self, plan: EpochPlan, rank: int, world_size: int, lockstep: bool) -> None:
+        self.plan, self.rank, self.world_size, self.lockstep = plan, rank, world_size, lockstep
+        self.micro_batches, self.per_step = plan.micro_batches, plan.micro_per_step
+        self.steps = steps = plan.steps
+        self.last_micro = self.micro_batches - (steps - 1) * self.per_step  # the last step's
+        self.full, self.last_turns = self.turns(self.per_step), self.turns(self.last_micro)
+        self.count = (steps - 1) * self.full + self.last_turns if steps else 0
+
+    def turns(self, micro: int) -> int:
+        """Slots this rank trains in a step of ``micro`` micro-batches: its own (``rank``,
+        ``rank + world_size``, ...), else one filler; in lockstep, the step's most."""
+        mine = len(range(self.rank, micro, self.world_size))
+        return max(mine, -(-micro // self.world_size) if self.lockstep else 1)
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _slots(self, numbers: range) -> list[Slot]:
+        """Slots ``numbers`` (consecutive), their indices taken from the order at once."""
+        steps, per_step, world, full = self.steps, self.per_step, self.world_size, self.full
+        made, spans = [], []
+        for i in numbers:
+            step = min(i // full, steps - 1)
+            turn, first = i - step * full, step * per_step
+            micro = per_step if step < steps - 1 else self.last_micro
+            mine = len(range(self.rank, micro, world))
             # A filler's number is past the step's last micro-batch (its dropout seed).
-            numbers = mine + list(range(len(micro), len(micro) + most - len(mine)))
-            for turn, number in enumerate(numbers):
-                filler = number >= len(micro)
-                begin, end = micro[0] if filler else micro[number]
-                slots.append(
-                    Slot(
-                        indices=order[begin:end],
-                        step=step,
-                        micro=number,
-                        boundary=turn == len(numbers) - 1,
-                        step_samples=samples,
-                        filler=filler,
-                    )
-                )
-        return slots
+            number = self.rank + turn * world if turn < mine else micro + turn - mine
+            filler = number >= micro
+            samples = self._end(first + micro - 1) - self._begin(first)
+            boundary = turn == (full if step < steps - 1 else self.last_turns) - 1
+            made.append((step, number, boundary, samples, filler))
+            k = first + (0 if filler else number)
+            spans.append((self._begin(k), self._end(k)))
+        taken = _take(self.plan.order(), spans)
+        return [Slot(indices, *rest) for rest, indices in zip(made, taken, strict=True)]
+
+    def _begin(self, k: int) -> int:
+        return self.plan.start + k * self.plan.batch_size
+
+    def _end(self, k: int) -> int:
+        """Micro-batch ``k``'s end: the next one's start, the epoch's size for the last."""
+        return self.plan.size if k == self.micro_batches - 1 else self._begin(k + 1)
+
+    def __getitem__(self, key: Any) -> Any:
+        if isinstance(key, slice):
+            return self._slots(range(self.count)[key])
+        return self._slots(range(self.count)[key : key + 1 or None])[0]
+
+    def __iter__(self) -> Iterator[Slot]:
+        per_block = max(1, _BLOCK // self.plan.batch_size)  # slots of ~_BLOCK samples
+        for begin in range(0, self.count, per_block):
+            yield from self._slots(range(begin, min(begin + per_block, self.count)))
+
+
+def _take(order: Sequence[int], spans: list[tuple[int, int]]) -> list[list[int]]:
+    """``[order[begin:end] for begin, end in spans]``, a keyed permutation's in one call."""
+    if not isinstance(order, KeyedPermutation) or not spans:
+        return [list(order[begin:end]) for begin, end in spans]
+    import numpy as np
+
+    positions = np.fromiter((p for begin, end in spans for p in range(begin, end)), np.int64)
+    values = order.at(positions).tolist()
+    cuts = np.cumsum([end - begin for begin, end in spans]).tolist()
+    return [values[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
 
 
 class GlobalOrderBatches:
@@ -184,12 +297,21 @@ class GlobalOrderBatches:
 
     pieces: tuple[int, ...] | None = None  # a streamed split's row groups (see EpochPlan)
     buffer = 0
+    older: tuple[int, int] | None = None
+    """``(epoch, version)``: an epoch that a checkpoint of an older order version stopped
+    inside, finished in that version's order (:meth:`finish_in`)."""
+
+    def finish_in(self, epoch: int, version: int) -> None:
+        """Epoch ``epoch`` is trained in order version ``version`` (the later ones in
+        today's): a checkpoint's position counts in the order it was taken in."""
+        self.older = (epoch, version)
 
     def set_position(self, epoch: int, start: int) -> None:
-        """The coming pass is epoch ``epoch`` from sample ``start`` of its order."""
+        """The coming pass is epoch ``epoch`` from sample ``start`` of its order: O(1)."""
+        version = self.older[1] if self.older and self.older[0] == epoch else ORDER_VERSION
         self.plan = EpochPlan(
             self.size, self.batch_size, self.global_batch, self.seed, epoch, start,
-            self.pieces, self.buffer,
+            self.pieces, self.buffer, version,
         )  # fmt: skip
         self.slots = self.plan.slots(self.rank, self.world_size, self.lockstep)
 
