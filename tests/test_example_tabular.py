@@ -74,9 +74,11 @@ def test_trains_to_near_the_noise_floor_on_two_workers(full_run, data_dir):
     final, best = full_run["final"], full_run["best"]
     print(f"3 epochs, 2 workers: final {final}; best {best}; fit {full_run['wall_s']:.1f} s")
     assert [h["epoch"] for h in full_run["history"]] == [1, 2, 3]
-    # The floor: MSE 1.0, MAE 0.80; the mean predictor: MSE ~25.8, MAE ~4.2.
-    assert best["val_mae"] < 1.1 and best["val_mse"] < 2.0, best
-    assert final["val_mae"] < 1.2, final
+    # The floor: MSE 1.0, MAE 0.80; the mean predictor: MSE ~25.8, MAE ~4.2. Measured at
+    # the best epoch: MAE 1.11, MSE 2.12 in the keyed order (issue 47); under 1.1 and 2.0
+    # in the randperm order before it: the bounds sit above either order's figure.
+    assert best["val_mae"] < 1.2 and best["val_mse"] < 2.4, best
+    assert final["val_mae"] < 1.3, final
     assert best["val_mae"] == min(h["val_mae"] for h in full_run["history"])
     assert final["val_rmse"] == pytest.approx(math.sqrt(final["val_mse"]))
     facts = TabularRegression().describe(TrainConfig(task=TASK, data_dir=data_dir))
