@@ -112,7 +112,7 @@ def test_the_seed_guides_script_ported_validates_exactly(ray_session, tmp_path):
     model = build_model("small_cnn", (3, 16, 16), 10)
     model.load_state_dict(states["model"])
     _, val = make_synthetic(0, 480, 203)
-    images, labels = val.tensors
+    images, labels = val.batch(range(len(val)))
     with torch.no_grad():
         output = model.eval()(images)
     loss = torch.nn.functional.cross_entropy(output.double(), labels, reduction="sum") / 203
