@@ -35,17 +35,6 @@ IMAGE_TASK_FIELDS = (
 )  # fmt: skip
 
 
-# Fields of earlier versions that a saved config may still hold (a sweep's trials, a run's
-# record): testing aids, now ray_ddp.testing's Harness. Read and dropped.
-RETIRED_FIELDS = frozenset(
-    {
-        "inject_nan_step", "inject_nan_rank", "stall_step", "stall_rank", "stall_s",
-        "stall_exit", "stall_frozen", "slow_step_s", "slow_rank", "slow_start_s",
-        "slow_checkpoint_s", "hang_loader_sample", "sample_ledger",
-    }
-)  # fmt: skip
-
-
 def resources_problem(value: Any) -> str | None:
     """What is wrong with a ``resources_per_worker`` value, as one line; None if nothing."""
     example = """e.g. '{"trainer_slot": 1}'"""
