@@ -1,10 +1,12 @@
 """The documentation cannot drift from the code (no Ray started): every ``python jobs/...``
 command line in README.md and docs/ parses with the job's real argument parser, every
 relative link points at a file that exists, the README stays a front door (300 lines at
-most), and docs/architecture.md, the one module map, names every module of the package."""
+most), docs/architecture.md, the one module map, names every module of the package, and
+every ``--flag`` the docs and ray_ddp's docstrings name is a flag of a job or script."""
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import io
 import os
@@ -120,3 +122,58 @@ def test_the_architecture_doc_maps_every_module():
             if not re.search(rf"(?<![\w/.]){re.escape(name)}", body):
                 missing.append(package + name)
     assert not missing, missing
+
+
+# Flags of other tools that the docs and docstrings show, by tool; and the placeholders
+# that explanations use. Every other ``--flag`` named must be one of ours.
+OTHER_TOOLS = {
+    "ray": {"--autoscaling-config", "--gcs-address", "--working-dir", "--follow", "--generate",
+            "--reason", "--deadline-remaining-seconds"},
+    "mlflow server": {"--host", "--port", "--backend-store-uri", "--artifacts-destination"},
+    "py-spy": {"--native", "--pid"},
+    "tensorboard": {"--logdir"},
+    "ruff": {"--check"},
+    "placeholders": {"--flag", "--no-x"},
+}  # fmt: skip
+FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9_-]*[a-z0-9](?![\w<-])")
+
+
+def _script_flags() -> set[str]:
+    """The flags the project's own scripts define (benchmarks/, examples/): their
+    ``add_argument("--x", ...)`` calls, read from the source."""
+    found = set()
+    for top in ("benchmarks", "examples"):
+        for folder, _, names in os.walk(os.path.join(ROOT, top)):
+            for name in (n for n in names if n.endswith(".py")):
+                tree = ast.parse(_read(os.path.join(folder, name)))
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == (
+                        "add_argument"
+                    ):
+                        found |= {a.value for a in node.args if isinstance(a, ast.Constant)}
+    return {flag for flag in found if isinstance(flag, str) and flag.startswith("--")}
+
+
+def _named_flags() -> dict[str, list[str]]:
+    """Each ``--flag`` named in ray_ddp's source (docstrings, comments, messages),
+    README.md and docs/*.md, with where."""
+    paths = _documents()
+    for folder, _, names in os.walk(os.path.join(ROOT, "ray_ddp")):
+        paths += [os.path.join(folder, n) for n in sorted(names) if n.endswith(".py")]
+    named: dict[str, list[str]] = {}
+    for path in paths:
+        for number, line in enumerate(_read(path).splitlines(), 1):
+            for flag in FLAG.findall(line):
+                named.setdefault(flag, []).append(f"{os.path.relpath(path, ROOT)}:{number}")
+    return named
+
+
+def test_every_flag_the_docs_and_docstrings_name_exists():
+    """A renamed or removed flag leaves no explanation behind that still tells people to
+    use it (``--sample-ledger`` did, for a testing aid that is now ray_ddp.testing's)."""
+    ours = {s for parser in PARSERS.values() for a in parser()._actions for s in a.option_strings}
+    known = ours | _script_flags() | set().union(*OTHER_TOOLS.values())
+    named = _named_flags()
+    assert len(named) > 50 and "--num-workers" in named  # it reads what it should
+    stale = {flag: where[:3] for flag, where in named.items() if flag not in known}
+    assert not stale, f"flags that no job or script has: {stale}"

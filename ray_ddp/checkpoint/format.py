@@ -108,7 +108,7 @@ def state_of(
         "epoch_partial": [[s.loss_sum, s.samples] for s in partial],
     }
     ledgers = [s.ledger for s in partial if s.ledger is not None]
-    if ledgers:  # --sample-ledger, a testing aid
+    if ledgers:  # a test's sample ledger (ray_ddp.testing)
         saved["ledger"] = [list(row) for ledger in ledgers for row in ledger]
     return saved
 

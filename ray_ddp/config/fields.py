@@ -1,12 +1,14 @@
 """What a config field knows about itself: each setting is defined once.
 
 A config field is its own flag. Its name gives the flag (``batch_size`` -> ``--batch-size``),
-its annotation the type, its attribute docstring the help text, and the section comment
-above it (``# --- data ---``) the help group. The few facts a field cannot state by itself
-go in its ``dataclasses.field(metadata=...)``, written with :func:`option`: the allowed
-values, a bound, a custom off switch, whether a re-run of a named run may change it,
-whether a sweep offers it, whether it has a flag at all. Validation messages, the
-re-run guard and the parsers all read these, so a new field needs no second edit.
+its annotation the type, its attribute docstring the help text (the first sentence in
+``--help``, all of it in ``--help-all`` and docs/flags.md), and the ``TITLE`` of its section
+(a dataclass of ``ray_ddp.config.sections``) the help group. The few facts a field cannot
+state by itself go in its ``dataclasses.field(metadata=...)``, written with
+:func:`option`: the allowed values, a bound, a custom off switch, whether a re-run of a
+named run may change it, whether a sweep offers it, whether it has a flag at all.
+Validation messages, the re-run guard and the parsers all read these, so a new field needs
+no second edit.
 
 Imports neither Ray nor torch: ``config`` imports this module, and workers import config.
 """

@@ -5,7 +5,7 @@ re-run whose flags change what is trained (model, data, batch, optimizer, seed, 
 silently continue someone else's run and mix two configs in one directory. The driver
 refuses that before any Ray work, naming the flags that differ, unless
 ``--allow-config-change`` says it is meant. Fields marked ``resume_safe`` in their
-definition (``ray_ddp.config.train``) only change how the run is executed or logged, or extend
+definition (``ray_ddp.config.sections``) only change how the run is executed or logged, or extend
 it (``--epochs``, ``--max-steps``), and may differ freely. The number of workers and the
 accumulation are among them: what is trained is their product with the per-worker batch,
 the global batch, which is compared instead (``ray_ddp.driver.elastic`` keeps it when only the

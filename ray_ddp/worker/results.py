@@ -41,7 +41,8 @@ class EpochTrained:
     end_sample: int
     """Samples of the epoch's order done: all of them, or fewer where ``--max-steps`` hit."""
     ledger: list[tuple[int, int]] | None
-    """This rank's ``(step, index)`` of the whole epoch (``--sample-ledger``)."""
+    """This rank's ``(step, index)`` of the whole epoch (a test's sample ledger,
+    ``ray_ddp.testing.Harness.sample_ledger``), or None."""
 
 
 @dataclass

@@ -55,8 +55,8 @@ class EpochSums:
     """Sum of per-sample training losses."""
     samples: int = 0
     ledger: list[tuple[int, int]] | None = None
-    """``(optimizer step, sample index)`` of every sample trained, with
-    ``--sample-ledger`` (a testing aid); None without."""
+    """``(optimizer step, sample index)`` of every sample trained, where a
+    test's harness asks for the sample ledger (``ray_ddp.testing``); None otherwise."""
 
 
 @dataclass
