@@ -2,8 +2,9 @@
 record written by ray_ddp at d86bdea (tests/data, made by that commit's own save_state and
 write_record, testing-aid fields and all) load, check, restore and guard re-runs as they
 did, and its epoch is finished in the order it was counted in (``torch.randperm``, order
-version 1; issue 47). No Ray: the restore is the worker's own, on a model and optimizer
-built here."""
+version 1; issue 47). A run record written by 71e8b1a's write_record (before issue 46's
+typed config) reads into the same config, field by field, and guards its re-runs. No Ray:
+the restore is the worker's own, on a model and optimizer built here."""
 
 from __future__ import annotations
 
@@ -109,3 +110,55 @@ def test_an_earlier_run_record_guards_its_re_runs(tmp_path):
     fewer = TrainConfig(**{**FLAGS, "num_workers": 1}, storage_path=str(tmp_path), name="old")
     kept = keep_global_batch(fewer, recorded_config(fewer), "run old")
     assert kept.accum_steps == 2 and kept.global_batch_size == 64
+
+
+# A run record written by today's write_record (at 71e8b1a, before the typed-config
+# refactor of issue 46), for a run whose every field has a value of its own: a later
+# version must read it into the same config and resume it.
+RECORD_71E8B1A = os.path.join(DATA, "ray_ddp_config_71e8b1a.json")
+KEPT = dict(
+    num_workers=4, min_workers=2, resize_check_s=30.0, cpus_per_worker=2.0,
+    resources_per_worker={"trainer_slot": 1.0}, use_gpu=False, strategy="ddp",
+    address="ray://head:10001", placement_strategy="SPREAD", wait_for_resources=120.0,
+    max_failures=3, preemption_check_steps=5, hang_timeout=300.0, hang_grace=900.0,
+    epochs=7, batch_size=32, accum_steps=2, lr=0.02, optimizer="sgd", momentum=0.8,
+    weight_decay=0.0005, warmup_steps=40, min_lr_ratio=0.05, grad_clip=0.5, amp="bf16",
+    seed=11, max_steps=500, task="ray_ddp.image_classification:ImageClassification",
+    model="small_cnn", compile=True, dataset="parquet", data_dir="/data/shards",
+    download=True, train_samples=6000, val_samples=800, image_size=24, augment="crop",
+    label_column="y", image_column="png", feature_column=None, parquet_read="memory",
+    shuffle_buffer=4096, data_engine="torch", max_bad_samples=7, loader_workers=2,
+    channels_last=False, pin_memory=False, storage_path="runs", name="kept-run",
+    allow_config_change=True, resume_from="/runs/other/checkpoint_000002",
+    restart_epoch=True, keep_checkpoints=3, checkpoint_every=25, checkpoint_mode="sync",
+    export=False, summary_json="summary.json", progress_interval_s=5.0, tensorboard=False,
+    log_every_steps=10, log_all_ranks=True, comm_stats=True, tracking="mlflow",
+    tracking_uri="http://mlflow:5000", experiment="kept", profile_steps="3-5",
+    log_prefix="[trial 1]",
+)  # fmt: skip
+
+
+def test_a_record_of_today_reads_into_the_same_config_and_resumes(tmp_path):
+    with open(RECORD_71E8B1A) as file:
+        saved = json.load(file)
+    assert set(saved) == set(KEPT)  # every field the config had when it was written
+    defaults = TrainConfig()
+    assert sum(value != getattr(defaults, name) for name, value in KEPT.items()) >= 60
+
+    read, kept = TrainConfig.from_dict(saved), TrainConfig(**KEPT)
+    differ = [n for n in KEPT if getattr(read, n) != getattr(kept, n)]
+    assert not differ, differ
+    assert read == kept
+    assert {k: v for k, v in read.to_dict().items() if k in saved} == saved  # written the same
+
+    run_dir = tmp_path / "kept-run"
+    run_dir.mkdir()
+    shutil.copy(RECORD_71E8B1A, run_dir / RECORD_FILE)
+    again = TrainConfig(**{**KEPT, "storage_path": str(tmp_path), "allow_config_change": False})
+    check_rerun(again)  # the same flags: it resumes
+    with pytest.raises(ConfigError, match=r"--optimizer sgd -> adamw"):
+        check_rerun(TrainConfig(**{**KEPT, "storage_path": str(tmp_path), "optimizer": "adamw",
+                                   "allow_config_change": False}))  # fmt: skip
+    fewer = TrainConfig(**{**KEPT, "storage_path": str(tmp_path), "num_workers": 2,
+                           "min_workers": None})  # fmt: skip
+    assert keep_global_batch(fewer, recorded_config(fewer), "run kept-run").accum_steps == 4
