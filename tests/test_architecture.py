@@ -134,8 +134,9 @@ def _flags(parser) -> list[str]:
 
 # Flags added since d86bdea, by job (none removed or renamed).
 ADDED_SINCE_D86BDEA = {
-    "evaluate": ["--max-bad-samples"],  # issue 27
+    "evaluate": ["--max-bad-samples", "--help-all"],  # issues 27, 46
     "train": [
+        "--help-all",  # 46
         "--restart-epoch",
         "--checkpoint-mode",
         "--preemption-check-steps",  # 27, 28
@@ -146,6 +147,7 @@ ADDED_SINCE_D86BDEA = {
         "--strategy",  # 31
     ],  # 29
     "tune": [
+        "--help-all",  # 46
         "--checkpoint-mode",
         "--preemption-check-steps",  # issue 28
         "--tracking",

@@ -6,8 +6,10 @@ Bad input exits 2 with one actionable line, before any training starts (and befo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import inspect
+import io
 import json
 import os
 import re
@@ -23,7 +25,7 @@ from formats import write_cifar10, write_imagefolder, write_parquet
 from ray_ddp.config import SweepConfig, TrainConfig, sections, sweep
 from ray_ddp.config import train as config
 from ray_ddp.config.fields import config_fields, field_docs, flag_of, sections_of
-from ray_ddp.config.flags import from_args
+from ray_ddp.config.flags import first_sentence, from_args
 from ray_ddp.driver.cli import (
     evaluate_main,
     evaluate_parser,
@@ -302,8 +304,10 @@ def test_ray_log_dedup_is_turned_off_by_running_a_job_not_by_importing(monkeypat
 
 @pytest.mark.parametrize("script", ["train.py", "tune.py", "evaluate.py"])
 def test_each_script_has_help(script):
-    proc = _job(script, "--help")
-    assert proc.returncode == 0 and proc.stdout.startswith(f"usage: jobs/{script}")
+    short, full = (_job(script, flag, COLUMNS="80") for flag in ("--help", "--help-all"))
+    for proc in (short, full):
+        assert proc.returncode == 0 and proc.stdout.startswith(f"usage: jobs/{script}")
+    assert short.stdout.count("\n") <= 120 and full.stdout.count("\n") > short.stdout.count("\n")
 
 
 # ----------------------------------------------------------------------------- one source
@@ -336,6 +340,7 @@ TRAIN_FLAGS = {
     "--restart-epoch",  # issue 27: an epoch whose order changed under a resume
     "--checkpoint-mode", "--preemption-check-steps",  # issue 28: async checkpoints, reclaims
     "--tracking", "--tracking-uri", "--experiment", "--profile-steps",  # issue 29
+    "--help-all",  # issue 46: the short --help's full explanations
 }  # fmt: skip
 SWEEP_FLAGS = {
     "--lr-min", "--lr-max", "--batch-sizes", "--num-samples", "--max-concurrent-trials",
@@ -346,6 +351,7 @@ EVALUATE_FLAGS = {
     "--address", "--data-dir", "--batch-size", "--storage-path", "--predictions",
     "--summary-json", "--task",
     "--max-bad-samples",  # issue 27: unreadable samples in an evaluation
+    "--help-all",  # issue 46
 }  # fmt: skip
 
 
@@ -446,19 +452,84 @@ def _flat(text: str) -> str:
     return "".join(text.replace("``", "").split())  # argparse re-wraps the lines
 
 
+def _printed(parser: argparse.ArgumentParser, flag: str) -> str:
+    """What ``flag`` (``--help``, ``--help-all``) prints."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        parser.parse_args([flag])
+    assert stop.value.code == 0
+    return out.getvalue()
+
+
 @pytest.mark.parametrize(
     ("parser", "cls"), [(train_parser, TrainConfig), (tune_parser, SweepConfig)]
 )
-def test_help_is_the_field_docstrings_in_their_sections(parser, cls):
-    text = parser().format_help()
+def test_help_is_the_field_docstrings_in_their_sections(parser, cls, monkeypatch):
+    """``--help``: each flag's first sentence, in its section's group; ``--help-all``: the
+    whole docstring."""
+    monkeypatch.setenv("COLUMNS", "80")
+    short, full = _printed(parser(), "--help"), _printed(parser(), "--help-all")
     docs = field_docs(cls)
     for title, section in sections_of(cls):
         for f in dataclasses.fields(section):
             if flag_of(f).cli:
-                assert _flat(docs[f.name]) in _flat(text), f.name
-                assert f"\n{title}:\n" in text, f.name
-    assert "(default: 64)" in train_parser().format_help()
-    assert _flat("Reference per-worker batch of --scale-lr") in _flat(tune_parser().format_help())
+                assert _flat(first_sentence(docs[f.name])) in _flat(short), f.name
+                assert _flat(docs[f.name]) in _flat(full), f.name
+                assert f"\n{title}:\n" in short and f"\n{title}:\n" in full, f.name
+    assert "(default: 64)" in short or cls is SweepConfig
+    assert _flat("Reference per-worker batch of --scale-lr") in _flat(_printed(tune_parser(), "-h"))
+    assert len(short.splitlines()) <= 120 < 200 < len(full.splitlines())
+
+
+def _entries(text: str) -> dict[str, list[str]]:
+    """Each option of a help text and its lines (the invocation's and the help's)."""
+    entries: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        if re.match(r"  -", line):
+            entries[line.split()[0].rstrip(",")] = current = [line]
+        elif line.startswith("      ") and entries:
+            current.append(line)
+        else:
+            current = []
+    return entries
+
+
+def _joined(lines: list[str]) -> str:
+    return " ".join(" ".join(lines).split())
+
+
+@pytest.mark.parametrize("parser", [train_parser, tune_parser, evaluate_parser])
+def test_help_gives_each_flag_two_lines_at_most_with_its_default(parser, monkeypatch):
+    """On an 80-column terminal. A field's first sentence is what --help shows of it: a
+    long one here needs a shorter first sentence in its docstring."""
+    monkeypatch.setenv("COLUMNS", "80")
+    entries = _entries(_printed(parser(), "--help"))
+    assert len(entries) >= 14
+    long = {flag: lines for flag, lines in entries.items() if len(lines) > 2}
+    assert not long, long
+    if parser is train_parser:
+        shown = {flag: _joined(lines) for flag, lines in entries.items()}
+        assert "(default: 64)" in shown["--batch-size"] and "(default: 0.003)" in shown["--lr"]
+        assert "(default: auto)" in shown["--num-workers"]  # None, "Auto: ..."
+        assert "(default: auto)" in shown["--[no-]pin-memory"]  # --pin-memory | --no-pin-memory
+        assert "(default: on)" in shown["--no-export"] and "(default: off)" in shown["--compile"]
+        assert "default" not in shown["--data-dir"]  # None, and no "Auto:"
+        assert "(default: built-in)" in shown["--task"]  # its shown name, not the long value
+    if parser is evaluate_parser:
+        assert "(default: unchanged)" in _joined(entries["--batch-size"])
+
+
+def test_help_shows_the_defaults_an_own_loop_gives(monkeypatch, capsys):
+    """``ray_ddp.main(loop, lr=0.5)``: its --help says 0.5, as its run uses."""
+    import ray_ddp
+
+    monkeypatch.setenv("COLUMNS", "80")
+    with pytest.raises(SystemExit) as stop:
+        ray_ddp.main(lambda run: None, ["--help"], lr=0.5, epochs=2)
+    assert stop.value.code == 0
+    shown = {flag: _joined(lines) for flag, lines in _entries(capsys.readouterr().out).items()}
+    assert "(default: 0.5)" in shown["--lr"] and "(default: 2)" in shown["--epochs"]
+    assert "(default: 64)" in shown["--batch-size"]  # TrainConfig's, where the loop gives none
 
 
 def test_every_flag_named_in_config_exists():

@@ -49,7 +49,10 @@ class Flag:
     parse: Callable[[str], Any] | None = None
     """Turns the flag's text into the value, if the annotation's type does not."""
     metavar: str | None = None
-    """The value's placeholder in ``--help`` (default: the field name in capitals)."""
+    """The value's placeholder in ``--help`` (default: ``N`` for an int, ``X`` for a float,
+    else the field name in capitals)."""
+    shown: str | None = None
+    """How ``--help`` names the default, where its value is too long to show."""
     resume_safe: bool = False
     """A re-run of a named run may change it (how the run is executed, logged or extended,
     not what is trained); see ``rerun_guard``."""

@@ -1,18 +1,30 @@
 """Command-line flags generated from config dataclasses (``ray_ddp.config.fields``): a
 field's name gives the flag (``batch_size`` -> ``--batch-size``), its annotation the
 type, its docstring the help text, its section's title the help group, and its
-``option`` facts the rest. Imports neither Ray nor torch."""
+``option`` facts the rest.
+
+``--help`` is a page a person can scan: a line or two per flag, its docstring's first
+sentence and its default. ``--help-all`` prints every docstring whole. Imports neither Ray
+nor torch."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from ray_ddp.config.fields import config_fields, field_docs, flag_name, flag_of, sections_of
+from ray_ddp.config.fields import (
+    Flag,
+    config_fields,
+    field_docs,
+    flag_name,
+    flag_of,
+    sections_of,
+)
 
 T = TypeVar("T")
 
@@ -58,14 +70,117 @@ def _field_type(hint: Any) -> tuple[Any, bool]:
 
 
 def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:g}"  # 60, not 60.0
     return ",".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
-def _help(doc: str, default: str | None) -> str:
-    text = " ".join(doc.replace("``", "").split())
-    if default is not None:
-        text += f" (default: {default})"
-    return text.replace("%", "%%")  # argparse formats help with %
+def _text(doc: str) -> str:
+    """A docstring as one line of plain text."""
+    return " ".join(doc.replace("``", "").split())
+
+
+def first_sentence(doc: str) -> str:
+    """What ``--help`` shows of a field's docstring: its first sentence, without the full
+    stop (``e.g.``, ``i.e.`` and ``2.60`` end none)."""
+    text = " ".join(doc.split())
+    first = re.split(r"(?<!e\.g\.)(?<!i\.e\.)(?<=[.!?])\s+(?=[A-Z0-9(`])", text, maxsplit=1)[0]
+    return _text(first).rstrip(".")
+
+
+def default_text(action: argparse.Action) -> str | None:
+    """The default ``--help`` shows for a field's flag, read when the help is printed (so
+    an own loop's ``set_defaults`` shows): ``on``/``off`` for switches, ``auto`` where the
+    field decides by itself (None, and its docstring says ``Auto:``), else the value."""
+    if getattr(action, "fixed_default", None):
+        return action.fixed_default
+    default = action.default
+    if isinstance(action, _Toggle) and default is None:
+        return "auto"
+    if isinstance(default, bool):  # a switch: what it turns on or off, without it
+        return "on" if default else "off"
+    if default is None:
+        return "auto" if getattr(action, "auto", False) else None
+    return _shown(default)
+
+
+class FieldHelp(argparse.HelpFormatter):
+    """``--help``: a line or two per flag, its docstring's first sentence and its default,
+    grouped by section; switches shown as ``--[no-]x``."""
+
+    full = False  # FullHelp: every docstring whole
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=24 if self.full else 28)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if not hasattr(action, "full_help"):
+            return action.help  # not a field's flag: its help as written
+        text = action.full_help if self.full else action.help
+        default = default_text(action)
+        if default is not None:
+            text += f" (default: {default})"
+        return text.replace("%", "%%")  # argparse formats help with %
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if isinstance(action, _Toggle) and not self.full:
+            on, off = action.option_strings
+            if off == "--no-" + on.removeprefix("--"):
+                return "--[no-]" + on.removeprefix("--")
+        return super()._format_action_invocation(action)
+
+
+class FullHelp(FieldHelp):
+    """``--help-all``: every flag with its whole docstring, as docs/flags.md has it."""
+
+    full = True
+
+
+class _HelpAll(argparse.Action):
+    """``--help-all``: print the full help and exit, as ``--help`` does the short one."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any):
+        kwargs.update(nargs=0, default=argparse.SUPPRESS)
+        super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.formatter_class, parser.usage = FullHelp, None  # the usage of every flag
+        parser.print_help()
+        parser.exit()
+
+
+def field_parser(
+    prog: str, description: str, usage: str = "%(prog)s [options]"
+) -> argparse.ArgumentParser:
+    """An argument parser whose ``--help`` is short (:class:`FieldHelp`) and whose
+    ``--help-all`` explains every flag in full."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        usage=usage,
+        formatter_class=FieldHelp,
+        epilog="Every flag explained: --help-all, or docs/flags.md.",
+    )
+    parser.add_argument(
+        "--help-all", action=_HelpAll, help="show every flag's full explanation and exit"
+    )
+    return parser
+
+
+def _metavar(facts: Flag, kind: Any) -> str | None:
+    """The value's placeholder: the field's own, its choices, or ``N`` (int), ``X``
+    (float); None: argparse's (the field name in capitals)."""
+    if facts.metavar or facts.choices:
+        return facts.metavar or "{" + ",".join(facts.choices) + "}"
+    return {int: "N", float: "X", list[int]: "N,N,..."}.get(kind)
+
+
+def _annotate(action: argparse.Action, facts: Flag, doc: str, overrides: str | None) -> None:
+    """What :class:`FieldHelp` reads of a field's flag: the short and the full help."""
+    action.help = first_sentence(doc) or None
+    action.full_help = _text(doc)
+    action.auto = "Auto:" in doc
+    action.fixed_default = "unchanged" if overrides else facts.shown
 
 
 def add_fields(
@@ -101,32 +216,21 @@ def add_fields(
         group = groups[title]
         kind, optional = _field_type(hints[f.name])
         default = None if overrides else getattr(defaults, f.name)
-        doc = (help_text or {}).get(f.name) or docs.get(f.name, "")
         flag, negative = flag_name(f.name), facts.negative or "--no-" + f.name.replace("_", "-")
 
         if kind is bool and (optional or overrides):
-            shown = "unchanged" if overrides else None
-            group.add_argument(
-                flag, negative, dest=f.name, action=_Toggle, default=None, help=_help(doc, shown)
-            )
+            action = group.add_argument(flag, negative, dest=f.name, action=_Toggle, default=None)
         elif kind is bool and default:
-            group.add_argument(negative, dest=f.name, action="store_false", help=_help(doc, "on"))
+            action = group.add_argument(negative, dest=f.name, action="store_false")
         elif kind is bool:
-            group.add_argument(flag, dest=f.name, action="store_true", help=_help(doc, "off"))
+            action = group.add_argument(flag, dest=f.name, action="store_true")
         else:
             parse = facts.parse or (int_list if kind == list[int] else kind)
-            metavar = facts.metavar or (
-                "{" + ",".join(facts.choices) + "}" if facts.choices else None
+            metavar = _metavar(facts, kind)
+            action = group.add_argument(
+                flag, dest=f.name, type=parse, default=default, metavar=metavar
             )
-            shown = "unchanged" if overrides else (None if default is None else _shown(default))
-            group.add_argument(
-                flag,
-                dest=f.name,
-                type=parse,
-                default=default,
-                metavar=metavar,
-                help=_help(doc, shown),
-            )
+        _annotate(action, facts, (help_text or {}).get(f.name) or docs.get(f.name, ""), overrides)
 
 
 def from_args(cls: type[T], args: argparse.Namespace) -> T:

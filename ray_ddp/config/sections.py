@@ -107,59 +107,59 @@ class Scaling:
     num_workers: int | None = option(
         None, bound=POSITIVE, resume_safe=True, parse=parse_workers, metavar="N|MIN-MAX"
     )
-    """Ray training workers (= DDP processes). Auto: one per GPU up in the cluster, else 2
-    CPU workers. GPU workers on a cluster whose GPU nodes are not up yet: give it.
-    ``MIN-MAX`` (e.g. ``4-8``): elastic, the run starts on as many as fit, continues on
-    fewer when workers are lost (down to MIN) and grows back when room appears, keeping
-    its global batch (MAX x --accum-steps micro-batches a step) by changing the
-    accumulation. A count that does not divide the micro-batches splits them unevenly
-    (16 on 6 workers: 3 on ranks 0-3, 2 on ranks 4-5, which wait for them); a range
-    where some count would keep the workers under 75% busy is refused, with settings that
-    fix it. A re-run on another count continues the same run (same global batch, same
-    data order) where that count x --batch-size divides the global batch, else it is
-    refused, naming the counts that do."""
+    """Training workers (= DDP processes). Ray starts one process per worker. Auto: one per
+    GPU up in the cluster, else 2 CPU workers. GPU workers on a cluster whose GPU nodes are
+    not up yet: give it. ``MIN-MAX`` (e.g. ``4-8``): elastic, the run starts on as many as
+    fit, continues on fewer when workers are lost (down to MIN) and grows back when room
+    appears, keeping its global batch (MAX x --accum-steps micro-batches a step) by changing
+    the accumulation. A count that does not divide the micro-batches splits them unevenly
+    (16 on 6 workers: 3 on ranks 0-3, 2 on ranks 4-5, which wait for them); a range where
+    some count would keep the workers under 75% busy is refused, with settings that fix it.
+    A re-run on another count continues the same run (same global batch, same data order)
+    where that count x --batch-size divides the global batch, else it is refused, naming the
+    counts that do."""
     min_workers: int | None = option(None, bound=POSITIVE, resume_safe=True, cli=False)
     """The fewest workers an elastic run continues on (``--num-workers MIN-MAX`` sets it
     and ``num_workers`` to MAX); None: a fixed number of workers."""
     resize_check_s: float = option(
         60.0, bound=POSITIVE, resume_safe=True, metavar="SECONDS", sweep=False
     )
-    """Elastic runs (``--num-workers MIN-MAX``): how often Ray looks for room for more
-    workers while the group is healthy. Growing restarts the group from the latest
-    checkpoint, so the steps since it are trained again: pair it with
+    """Seconds between tries to grow. An elastic run (``--num-workers MIN-MAX``) looks this
+    often, while the group is healthy, for room for more workers. Growing restarts the group
+    from the latest checkpoint, so the steps since it are trained again: pair it with
     ``--checkpoint-every``."""
     cpus_per_worker: float = option(1.0, bound=POSITIVE, resume_safe=True)
-    """CPUs reserved per worker (fractions allowed, e.g. to fit a Tune trial's driver
+    """CPUs reserved per worker. Fractions are allowed (e.g. to fit a Tune trial's driver
     beside its workers); the worker's torch thread count is its whole part, at least 1."""
     resources_per_worker: dict[str, float] | None = option(
         None, parse=parse_resources, metavar="JSON", resume_safe=True
     )
-    """Other Ray resources each worker needs besides its CPUs and GPU, as a JSON object:
-    a custom resource some nodes advertise (``'{"trainer_slot": 1}'``) or a GPU model
+    """Other Ray resources per worker, as JSON. Those each worker needs besides its CPUs and
+    GPU: a custom resource some nodes advertise (``'{"trainer_slot": 1}'``) or a GPU model
     (``'{"accelerator_type:A100": 0.001}'``). Workers are placed only on nodes that have
     them, and an autoscaler is asked for such nodes."""
     use_gpu: bool | None = option(None, negative="--no-gpu", resume_safe=True)
-    """One GPU per worker, on NCCL; off: CPU workers on gloo even if GPUs exist. Auto: GPU
+    """One GPU per worker, on NCCL. Off: CPU workers on gloo even if GPUs exist. Auto: GPU
     workers if GPUs are up, or if the cluster's autoscaler has a node type with GPUs (then
     give --num-workers and --wait-for-resources: the GPU nodes are asked for and waited
     for); else CPU workers, and on a cluster a line says why. On an autoscaling cluster
     whose node types this driver cannot see, --use-gpu asks for GPU nodes."""
     strategy: str = option("ddp", choices=STRATEGIES)
-    """How the model is spread over the workers. ``ddp``: every worker holds the whole
+    """How the workers share the model. ``ddp``: every worker holds the whole
     model, its gradients and optimizer state (fastest while they fit on one GPU).
     ``fsdp2``: PyTorch's ``fully_shard``: each worker holds 1/N of them and gathers a
     block's parameters only while computing it, for models larger than one GPU;
     checkpoints are sharded (every worker writes its part) and resume at any worker
     count. See docs/fsdp2.md."""
     address: str | None = option(None, resume_safe=True)
-    """Ray cluster address to join (else RAY_ADDRESS, else a local Ray is started)."""
+    """Ray cluster address to join. Else RAY_ADDRESS, else a local Ray is started."""
     placement_strategy: str = option(
         "PACK", choices=PLACEMENT_STRATEGIES, parse=str.upper, resume_safe=True
     )
-    """``PACK`` fills a node's GPUs/CPUs before the next (fast intra-node all-reduce);
-    ``SPREAD`` puts workers on as many nodes as it can."""
+    """How workers are placed on nodes. ``PACK`` fills a node's GPUs/CPUs before the next
+    (fast intra-node all-reduce); ``SPREAD`` puts workers on as many nodes as it can."""
     wait_for_resources: float = option(0.0, bound=NON_NEGATIVE, metavar="SECONDS", resume_safe=True)
-    """Seconds to wait for the workers' nodes when the nodes up cannot hold them: the
+    """Seconds to wait for nodes. When the nodes up cannot hold the workers, the
     cluster's autoscaler is asked for one worker's resources per worker (and the request
     is withdrawn when the wait ends), with a progress line every 10 s. 0: refuse at once,
     with what was asked and what exists. A request no node (up, or of a node type the
@@ -175,12 +175,14 @@ class Reliability:
     max_failures: int | None = option(
         None, bound=Bound("must be -1 (no limit) or more", lambda v: v >= -1), resume_safe=True
     )
-    """After a worker or node is lost, restart all workers from the latest checkpoint, up
-    to this many times (-1: without limit). Auto: 0 with a fixed number of workers; -1 for
-    an elastic run (``--num-workers MIN-MAX``), whose lost workers are what it is for (a
-    failure that repeats itself identically still stops it)."""
+    """Restarts after a lost worker. After a worker or node is lost, all workers restart
+    from the latest checkpoint, up to this many times (-1: without limit). Auto: 0 with a
+    fixed number of workers; -1 for an elastic run (``--num-workers MIN-MAX``), whose lost
+    workers are what it is for (a failure that repeats itself identically still stops
+    it)."""
     preemption_check_steps: int = option(10, bound=NON_NEGATIVE, resume_safe=True, metavar="STEPS")
-    """Every this many optimizer steps, ask Ray whether a node of the run is about to be
+    """Steps between spot-reclaim checks. Every this many optimizer steps, ask Ray
+    whether a node of the run is about to be
     reclaimed (a spot instance's notice; Ray 2.60): on a notice, checkpoint at that step,
     train on to the last step whose checkpoint is done before the deadline, checkpoint
     there and hold until the node goes; the restart resumes there (counted under Ray's own
@@ -190,13 +192,14 @@ class Reliability:
     hang_timeout: float | None = option(
         None, bound=NON_NEGATIVE, resume_safe=True, metavar="SECONDS"
     )
-    """A rank that finishes no optimizer step or evaluation batch in this long is hung:
-    every rank's stacks go to ``<run>/hangs/attempt-<N>/``, the driver names the stuck
-    rank, and the attempt fails (``--max-failures`` restarts it from the latest
-    checkpoint). Auto: 20 x the median step time, at least 120 s and at most
+    """Seconds a rank may stall. A rank that finishes no optimizer step or evaluation batch
+    in this long is hung: every rank's stacks go to ``<run>/hangs/attempt-<N>/``, the driver
+    names the stuck rank, and the attempt fails (``--max-failures`` restarts it from the
+    latest checkpoint). Auto: 20 x the median step time, at least 120 s and at most
     ``--hang-grace``. 0 turns the watchdog off."""
     hang_grace: float = option(600.0, bound=POSITIVE, resume_safe=True, metavar="SECONDS")
-    """The watchdog's allowance for what is slow by nature: an attempt's start and first
+    """Seconds slow phases may take. The hang watchdog's allowance for what is slow by
+    nature: an attempt's start and first
     step, the first batch of each pass over a loader, checkpoints and reports (at least
     ``--hang-timeout``). The process group's timeout, the backstop where the watchdog
     cannot run, is 2 x this + 60 s."""
@@ -209,35 +212,37 @@ class Optimisation:
     TITLE: ClassVar[str] = "optimisation"
 
     epochs: int = option(10, bound=POSITIVE, resume_safe=True)
-    """Total epochs of the run; a resumed run continues up to this number."""
+    """Total epochs of the run. A resumed run continues up to this number."""
     batch_size: int = option(64, bound=POSITIVE)
-    """Per-worker micro-batch size (samples per forward pass on one worker)."""
+    """Per-worker micro-batch size. Samples per forward pass on one worker."""
     accum_steps: int = option(1, bound=POSITIVE, resume_safe=True)
-    """Micro-batches accumulated per optimizer step. Global batch =
+    """Micro-batches per optimizer step. Their gradients are accumulated; global batch =
     batch_size x num_workers x accum_steps (with MIN-MAX workers: at MAX; fewer workers
     accumulate more to keep it)."""
     lr: float = option(3e-3, bound=POSITIVE, sweep=False)
-    """Peak learning rate (reached after warm-up, then cosine decay to ``min_lr_ratio``)."""
+    """Peak learning rate. It is reached after warm-up, then decays (cosine) to
+    ``min_lr_ratio``."""
     optimizer: str = option("adamw", choices=OPTIMIZERS)
-    """``adamw``, or ``sgd`` with (non-Nesterov) momentum."""
+    """``adamw``, or ``sgd`` with momentum. SGD's momentum is not Nesterov's."""
     momentum: float = option(0.9, bound=Bound("must be in [0, 1)", lambda v: 0 <= v < 1))
     """SGD momentum (ignored by AdamW)."""
     weight_decay: float = option(0.01, bound=NON_NEGATIVE)
-    """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
+    """Weight decay. Decoupled (AdamW) or an L2 penalty (SGD)."""
     warmup_steps: int | None = option(None, bound=NON_NEGATIVE)
-    """Linear warm-up length in optimizer steps. Auto: 5% of all steps."""
+    """Linear warm-up, in optimizer steps. Auto: 5% of all steps."""
     min_lr_ratio: float = option(0.01, bound=Bound("must be in [0, 1]", lambda v: 0 <= v <= 1))
-    """The cosine schedule ends at ``lr * min_lr_ratio``."""
+    """Cosine decay ends at lr x this. The schedule ends at ``lr * min_lr_ratio``."""
     grad_clip: float = option(1.0, bound=NON_NEGATIVE)
-    """Clip the global gradient norm to this (after un-scaling under fp16); 0 turns it off."""
+    """Clip the global gradient norm to this. Clipped after un-scaling under fp16; 0 turns
+    it off."""
     amp: str = option("off", choices=AMP_MODES)
-    """Mixed precision: ``off``, ``bf16`` (autocast, no scaler) or ``fp16`` (GPU only,
+    """Mixed precision. ``off``, ``bf16`` (autocast, no scaler) or ``fp16`` (GPU only,
     autocast + GradScaler)."""
     seed: int = option(0, bound=Bound("must be in 0..2**63-1", lambda v: 0 <= v < 2**63))
-    """One seed for initial weights (identical on every rank), data order and the built-in
-    dataset."""
+    """One seed for weights and data. The initial weights (identical on every rank), the
+    data order and the built-in dataset."""
     max_steps: int | None = option(None, bound=POSITIVE, resume_safe=True)
-    """Stop after this many optimizer steps in total, with a checkpoint there (smoke tests,
+    """Stop after this many optimizer steps in total. With a checkpoint there (smoke tests,
     benchmarks). It stops the run and does not reshape it: the LR schedule still spans
     --epochs, so a re-run without it continues as if the run had never stopped."""
 
@@ -248,18 +253,19 @@ class Target:
 
     TITLE: ClassVar[str] = "task and model (what is trained)"
 
-    task: str = BUILTIN_TASK
-    """What to train: ``package.module:Name`` of a ``ray_ddp.Task`` subclass or instance
-    (your model, data, loss and metrics; see docs/tasks.md). The default
+    task: str = option(BUILTIN_TASK, metavar="MODULE:NAME", shown="built-in")
+    """What to train: a ``ray_ddp.Task``. As ``package.module:Name`` of a ``Task`` subclass
+    or instance: your model, data, loss and metrics (see docs/tasks.md). The default
     is the built-in image classification, which the data and model flags below configure."""
     model: str = "small_resnet"
-    """``small_resnet`` (a small ResNet with BatchNorm, fast on CPU, good on small real
-    image sets), ``small_cnn`` (three convolutions, no normalisation), ``mlp``, or any
-    torchvision classification model name (e.g. ``resnet18``), built with the dataset's
-    class count and no pretrained weights."""
+    """The built-in task's model. ``small_resnet`` (a small ResNet with BatchNorm, fast on
+    CPU, good on small real image sets), ``small_cnn`` (three convolutions, no
+    normalisation), ``mlp``, or any torchvision classification model name (e.g.
+    ``resnet18``), built with the dataset's class count and no pretrained weights."""
 
     compile: bool = option(False, resume_safe=True)
-    """torch.compile the model (TorchInductor) after DDP wraps it, as DDP expects: its
+    """torch.compile the model (TorchInductor). It is compiled after DDP wraps it, as DDP
+    expects: its
     graph is split at the gradient buckets so the all-reduces still overlap the backward.
     The first steps take longer (the compile); checkpoints hold the plain model's weights
     and load with or without it."""
@@ -272,65 +278,70 @@ class Data:
     TITLE: ClassVar[str] = "data"
 
     dataset: str = option("synthetic", choices=DATASETS)
-    """``synthetic`` (built in, generated from the seed), ``cifar10``, ``mnist``,
-    ``fashion-mnist``, ``imagefolder`` (train/ and val/ class folders) or ``parquet``."""
-    data_dir: str | None = None
-    """Where the dataset lives (must be readable from every node)."""
+    """The built-in task's dataset. ``synthetic`` (built in, generated from the seed),
+    ``cifar10``, ``mnist``, ``fashion-mnist``, ``imagefolder`` (train/ and val/ class
+    folders) or ``parquet``."""
+    data_dir: str | None = option(None, metavar="DIR")
+    """Where the dataset lives. It must be readable from every node."""
     download: bool = option(False, resume_safe=True)
-    """Let the task fetch its data into ``data_dir`` (the built-in one: torchvision's
-    cifar10, mnist, fashion-mnist): once per node, the first node before the others, so
-    nodes sharing one ``data_dir`` (NFS) never write it at the same time."""
+    """Let the task fetch its data into ``data_dir``. The built-in one fetches torchvision's
+    cifar10, mnist, fashion-mnist: once per node, the first node before the others, so nodes
+    sharing one ``data_dir`` (NFS) never write it at the same time."""
     train_samples: int | None = option(None, bound=POSITIVE)
-    """Built-in dataset: samples to generate (default 12000). Others: a seeded random subset
-    of this size (default: all)."""
+    """Training samples to use. Built-in dataset: samples to generate (default 12000).
+    Others: a seeded random subset of this size (default: all)."""
     val_samples: int | None = option(None, bound=POSITIVE)
-    """Like ``train_samples`` for the validation split (built-in default 2000)."""
+    """Validation samples to use. Like ``train_samples`` for the validation split (built-in
+    default 2000)."""
     image_size: int | None = option(None, bound=POSITIVE)
     """Resize images to this square size. Default: native for built-in, CIFAR and MNIST
     data; 32 for ImageFolder and Parquet images."""
     augment: str | None = option(None, choices=AUGMENT_POLICIES)
-    """Random augmentation of training images, drawn per sample from (seed, epoch, index):
+    """Augmentation of training images. Random, drawn per sample from (seed, epoch, index):
     ``none``; ``crop`` (pad by 1/8 of the side, crop back at a random place: small shifts);
     ``crop-flip`` (crop, and a horizontal flip half the time); ``autoaugment`` (crop-flip,
     then AutoAugment's CIFAR-10 policy); ``trivialaugment`` (crop-flip, then
     TrivialAugmentWide). Auto: crop-flip for cifar10 and imagefolder, none for mnist,
     fashion-mnist and parquet. Flips are wrong for digits and text: use crop or none there.
     The built-in dataset and Parquet feature columns take none."""
-    label_column: str = "label"
+    label_column: str = option("label", metavar="COLUMN")
     """Parquet: the integer class column."""
-    image_column: str = "image"
-    """Parquet: a column of encoded image bytes (PNG/JPEG), or a struct with a ``bytes``
-    field as Hugging Face writes it."""
-    feature_column: str | None = None
-    """Parquet: a list<float> feature column to use instead of images (needs ``--model
-    mlp``)."""
+    image_column: str = option("image", metavar="COLUMN")
+    """Parquet: the image column. Encoded image bytes (PNG/JPEG), or a struct with a
+    ``bytes`` field as Hugging Face writes it."""
+    feature_column: str | None = option(None, metavar="COLUMN")
+    """Parquet: a list<float> column instead of images. A feature column; it needs ``--model
+    mlp``."""
     parquet_read: str = option("stream", choices=PARQUET_READS)
-    """Parquet with ``--data-engine torch``: ``stream`` reads each worker's share a few row
-    groups at a time (memory bounded by ``--shuffle-buffer``, not the dataset's size; local
-    files, folders of shards, s3:// and gs:// URIs); ``memory`` reads each split whole into
-    every worker (the old way: fast for small data, one copy per worker)."""
+    """How Parquet is read. With ``--data-engine torch``: ``stream`` reads each worker's
+    share a few row groups at a time (memory bounded by ``--shuffle-buffer``, not the
+    dataset's size; local files, folders of shards, s3:// and gs:// URIs); ``memory`` reads
+    each split whole into every worker (the old way: fast for small data, one copy per
+    worker)."""
     shuffle_buffer: int = option(2048, bound=POSITIVE)
-    """Streaming Parquet: rows shuffled together. Each epoch permutes the row groups, then
+    """Rows shuffled together. In streamed Parquet, each epoch permutes the row groups, then
     each run of this many rows is permuted; a larger buffer is closer to a full shuffle and
     holds more rows in memory (see docs/data.md, "Data larger than memory")."""
     data_engine: str = option("torch", choices=DATA_ENGINES)
-    """Who reads and decodes: ``torch`` (DataLoader worker processes beside each training
+    """Who reads and decodes. ``torch`` (DataLoader worker processes beside each training
     worker) or ``ray`` (Ray Data: read and decode on the cluster's CPUs, CPU-only nodes
     included, streamed into each worker; Parquet and ImageFolder data)."""
     max_bad_samples: int = option(100, bound=NON_NEGATIVE, resume_safe=True)
-    """Unreadable samples (a truncated image file, undecodable bytes in a Parquet row) an
-    epoch may skip, over all workers; each is named in ``bad_samples.csv`` in the run. One
-    more stops the run with a line naming the first of them. 0: stop at the first."""
+    """Unreadable samples an epoch may skip, over all workers. Each (a truncated image file,
+    undecodable bytes in a Parquet row) is named in ``bad_samples.csv`` in the run. One more
+    stops the run with a line naming the first of them. 0: stop at the first."""
     loader_workers: int | None = option(None, bound=NON_NEGATIVE, resume_safe=True)
-    """DataLoader worker processes per training worker. Auto: 0 for the in-memory built-in
+    """DataLoader processes per worker. DataLoader worker processes beside each training
+    worker. Auto: 0 for the in-memory built-in
     dataset, else min(4, cpus_per_worker)."""
     channels_last: bool | None = None
-    """Keep conv weights and image batches in NHWC (channels_last) memory, which GPU tensor
-    cores want. Auto: on for convolutional models on image data on GPU workers (ResNet-50
-    on an H200 with AMP: about 1.9x the samples/s); off on CPU, where 2 DDP workers of the
-    small CNN measured no faster with it."""
+    """NHWC memory for convolutions. Conv weights and image batches in NHWC (channels_last)
+    memory, which GPU tensor cores want. Auto: on for convolutional models on image data on
+    GPU workers (ResNet-50 on an H200 with AMP: about 1.9x the samples/s); off on CPU, where
+    2 DDP workers of the small CNN measured no faster with it."""
     pin_memory: bool | None = option(None, resume_safe=True)
-    """Pin host memory for faster host-to-GPU copies. Auto: on with GPUs."""
+    """Pin host memory for GPU copies. Pinned memory makes host-to-GPU copies faster.
+    Auto: on with GPUs."""
 
 
 @dataclass
@@ -339,41 +350,44 @@ class Checkpointing:
 
     TITLE: ClassVar[str] = "output and checkpoints"
 
-    storage_path: str = option("runs", resume_safe=True)
-    """Where runs are stored: a local path (absolute or relative) or a pyarrow URI
+    storage_path: str = option("runs", resume_safe=True, metavar="PATH")
+    """Where runs are stored. A local path (absolute or relative) or a pyarrow URI
     (``s3://``, ``gs://``)."""
     name: str | None = option(None, resume_safe=True)
     """Run name. Re-running an existing name resumes it from its latest checkpoint. Auto:
     ``<dataset>-<model>-<timestamp>`` (always a fresh run)."""
     allow_config_change: bool = option(False, resume_safe=True, sweep=False)
-    """Let a re-run of an existing ``--name`` continue it with a different training config
-    (model, data, batch, optimizer, ...); refused otherwise."""
-    resume_from: str | None = option(None, resume_safe=True)
-    """Start from this checkpoint directory (weights, optimizer, schedule, progress)."""
+    """Let a re-run change the training config. Without it, a re-run of an
+    existing ``--name`` with a different training config (model, data, batch, optimizer,
+    ...) is refused."""
+    resume_from: str | None = option(None, resume_safe=True, metavar="DIR")
+    """Start from this checkpoint directory. Its weights, optimizer, schedule and
+    progress."""
     restart_epoch: bool = option(False, resume_safe=True, sweep=False)
-    """A checkpoint inside an epoch whose order no longer names the same samples (the
+    """Start over an epoch whose order changed. A checkpoint inside an epoch whose order no
+    longer names the same samples (the
     training files changed; or, for streamed Parquet, --batch-size, the global batch or
     --shuffle-buffer did) is refused; this starts that epoch over instead, undoing its
     steps."""
     keep_checkpoints: int = option(2, bound=POSITIVE, resume_safe=True)
-    """How many of the best checkpoints (by validation accuracy) to keep; the latest is
-    always kept as well."""
+    """Best checkpoints to keep. The best by validation accuracy; the
+    latest is always kept as well."""
     checkpoint_every: int | None = option(
         None, bound=POSITIVE, resume_safe=True, metavar="STEPS", sweep=False
     )
-    """Also checkpoint every this many optimizer steps inside an epoch, with the data
+    """Also checkpoint every this many optimizer steps. Inside an epoch, with the data
     position (in samples of the epoch's order), so a lost worker, a re-run or a resized
     elastic group resumes mid-epoch exactly where it stopped, at any number of workers.
     Off by default: every epoch's end is checkpointed anyway. (Not in sweeps: Tune's
     schedulers compare trials at epoch ends only.)"""
     checkpoint_mode: str = option("async", choices=CHECKPOINT_MODES, resume_safe=True)
-    """``async``: training waits only for a copy of the state in host memory (one state's
-    size, reused); Ray's upload thread writes and uploads it and registers it once
-    complete. At most one upload in flight: the next checkpoint waits for it. Needs Ray
-    2.60 (sync otherwise, said once). ``sync``: every worker waits while rank 0 writes a
-    checkpoint and Ray uploads it."""
+    """How checkpoints are written. ``async``: training waits only for a copy of the state
+    in host memory (one state's size, reused); Ray's upload thread writes and uploads it and
+    registers it once complete. At most one upload in flight: the next checkpoint waits for
+    it. Needs Ray 2.60 (sync otherwise, said once). ``sync``: every worker waits while rank
+    0 writes a checkpoint and Ray uploads it."""
     export: bool = option(True, resume_safe=True)
-    """At the end, export the best checkpoint to ``<run>/export`` for use without Ray: a
+    """Export the best checkpoint at the end. To ``<run>/export``, for use without Ray: a
     plain state_dict and a torch.export program."""
 
 
@@ -383,24 +397,25 @@ class Logging:
 
     TITLE: ClassVar[str] = "logs and reports"
 
-    summary_json: str | None = option(None, resume_safe=True)
+    summary_json: str | None = option(None, resume_safe=True, metavar="PATH")
     """Write the final summary as JSON to this path."""
     progress_interval_s: float = option(30.0, resume_safe=True, cli=False)
     """Seconds between rank 0's in-epoch progress lines (a text bar with loss, speed and
     ETA); the CLI uses 5 when attached to a terminal, 0 in sweeps. 0 turns them off."""
     tensorboard: bool = option(True, resume_safe=True)
-    """Rank 0 writes TensorBoard event files (``<run>/tensorboard``) besides metrics.csv
+    """Rank 0 writes TensorBoard event files. To ``<run>/tensorboard``, besides metrics.csv
     and curves.png."""
     log_every_steps: int = option(50, bound=POSITIVE, resume_safe=True)
-    """Log the training loss and lr to TensorBoard every this many optimizer steps."""
+    """Steps between loss and lr logs. The training loss and lr go to TensorBoard
+    (and a tracker) every this many optimizer steps."""
     log_all_ranks: bool = option(False, resume_safe=True)
-    """Every rank prints its lines (tagged ``[rank N]``), not only rank 0."""
+    """Every rank prints its lines, not only rank 0. Each tagged ``[rank N]``."""
     comm_stats: bool = option(False, resume_safe=True)
-    """Count gradient all-reduces with a DDP communication hook and report them per
-    optimizer step (a check that accumulation really skips the all-reduce)."""
+    """Count and report gradient all-reduces. With a DDP communication hook, per optimizer
+    step (a check that accumulation really skips the all-reduce)."""
 
     tracking: str = option("none", choices=TRACKERS, resume_safe=True)
-    """Log the run to an experiment tracker as well: ``mlflow`` (``pip install -e
+    """Also log the run to a tracker. An experiment tracker: ``mlflow`` (``pip install -e
     '.[mlflow]'``) or ``wandb`` (``'.[wandb]'``). Rank 0 logs the resolved config as
     params, the training loss, lr and speed every --log-every-steps optimizer steps and
     each epoch's metrics (the optimizer step as the tracker's step), and the driver adds
@@ -409,19 +424,19 @@ class Logging:
     a background thread: a tracker that is down or slow is retried, said once, and never
     stops or slows training. See docs/tracking.md."""
     tracking_uri: str | None = option(None, resume_safe=True, metavar="URI")
-    """MLflow: the tracking server every worker can reach (``http://host:5000``,
+    """MLflow: the tracking server. One every worker can reach (``http://host:5000``,
     ``databricks``). Auto: MLFLOW_TRACKING_URI (one of them is needed). W&B reads its
     server from WANDB_BASE_URL and WANDB_MODE instead."""
     experiment: str | None = option(None, resume_safe=True)
-    """MLflow experiment / W&B project the run goes into (created if missing). Auto:
+    """MLflow experiment / W&B project. The run's, created if missing. Auto:
     MLFLOW_EXPERIMENT_NAME or WANDB_PROJECT, else ``ray_ddp``."""
     profile_steps: str | None = option(
         None, parse=parse_step_range, resume_safe=True, metavar="A-B"
     )
-    """Record optimizer steps A to B (1-based, counted over the run) with torch.profiler
-    on every rank: CPU (and CUDA) activity with shapes and memory, after one warm-up step.
-    One Chrome/Perfetto trace per rank goes to ``<run>/profiles/attempt-<N>/`` (open it
-    in https://ui.perfetto.dev), with a CUDA memory snapshot on GPUs, and to the tracker
+    """Profile optimizer steps A to B with torch.profiler. Steps 1-based, counted over the
+    run, on every rank: CPU (and CUDA) activity with shapes and memory, after one warm-up
+    step. One Chrome/Perfetto trace per rank goes to ``<run>/profiles/attempt-<N>/`` (open
+    it in https://ui.perfetto.dev), with a CUDA memory snapshot on GPUs, and to the tracker
     when --tracking is on; the driver prints rank 0's top operators by self time."""
 
     # set by the code, not by a flag

@@ -18,25 +18,29 @@ class SweepConfig:
     TITLE: ClassVar[str] = "search space and scheduler"
 
     lr_min: float = 1e-4
-    """Lower end of the log-uniform learning-rate range."""
+    """Lowest lr of the sweep. Trials draw their lr log-uniformly from --lr-min to
+    --lr-max."""
     lr_max: float = 1e-2
-    """Upper end of the log-uniform learning-rate range."""
+    """Highest lr of the sweep. The upper end of the log-uniform range."""
     batch_sizes: list[int] = field(default_factory=lambda: [32, 64, 128])
-    """Per-worker batch sizes to choose from, comma-separated."""
+    """Per-worker batch sizes to try. Comma-separated, one chosen per trial."""
     num_samples: int = option(8, bound=POSITIVE)
     """Trials to run."""
     max_concurrent_trials: int | None = option(None, bound=POSITIVE)
     """At most this many trials at once. Auto: as many as the cluster fits."""
     grace_period: int = 1
-    """ASHA: epochs every trial runs before it can be stopped."""
+    """ASHA: epochs before stopping a trial. Every trial runs this many epochs before it can
+    be stopped."""
     reduction_factor: float = option(2.0, bound=Bound("must be greater than 1", lambda v: v > 1))
-    """ASHA: keep the top 1/reduction_factor of trials at each rung."""
+    """ASHA: keep the top 1/this per rung. The top 1/reduction_factor of trials at each rung
+    goes on."""
     early_stop: bool = True
-    """Stop weak trials early with ASHA; off: run every trial to the last epoch."""
+    """Stop weak trials early with ASHA. Off: run every trial to the last epoch."""
     scale_lr: bool = False
-    """Scale each trial's lr by its global batch / the global batch of --batch-size."""
+    """Scale lr with the global batch. Each trial's lr is multiplied by its global batch /
+    the global batch of --batch-size."""
     resume: bool = False
-    """Continue the interrupted sweep --name from --storage-path."""
+    """Continue an interrupted sweep. The sweep --name in --storage-path."""
     trial_cpus: float = option(0.1, cli=False)
     """CPU share reserved for each trial's driver (Tune rejects 0; Train's controller
     takes none)."""

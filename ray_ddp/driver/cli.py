@@ -24,7 +24,7 @@ from typing import NoReturn
 
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate, validate_sweep
 from ray_ddp.config.fields import first_problem
-from ray_ddp.config.flags import add_fields, from_args
+from ray_ddp.config.flags import add_fields, field_parser, from_args
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT = 0, 1, 2
 EXIT_INTERRUPTED = 130  # the shell's code for a process stopped by SIGINT
@@ -35,9 +35,9 @@ EVAL_OVERRIDES = (
     "storage_path", "task", "max_bad_samples",
 )  # fmt: skip
 EVAL_HELP = {
-    "max_bad_samples": "Unreadable samples of the split the evaluation may skip, over all "
-    "workers; each is named in the summary, --summary-json and --predictions. One more stops "
-    "it (exit 1) with a line naming the first of them. 0: stop at the first.",
+    "max_bad_samples": "Unreadable samples the evaluation may skip. Over all workers; each "
+    "is named in the summary, --summary-json and --predictions. One more stops it (exit 1) "
+    "with a line naming the first of them. 0: stop at the first.",
 }
 
 
@@ -109,7 +109,7 @@ def exit_process(code: int) -> NoReturn:
 
 # ----------------------------------------------------------------------------- train
 def train_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = field_parser(
         prog="jobs/train.py",
         description="Distributed data-parallel training on Ray: one worker per GPU (or CPU "
         "workers on gloo), rank-0 checkpoints, resumable by --name.",
@@ -153,7 +153,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- tune
 def tune_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = field_parser(
         prog="jobs/tune.py",
         description="Sweep learning rate and per-worker batch size with Ray Tune; every "
         "trial is a full distributed run of the jobs/train.py loop.",
@@ -202,10 +202,11 @@ def tune_main(argv: Sequence[str] | None = None) -> int:
 
 # ----------------------------------------------------------------------------- evaluate
 def evaluate_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = field_parser(
         prog="jobs/evaluate.py",
         description="Evaluate a checkpoint (local directory or storage URI) with N Ray "
         "workers: loss, accuracy and per-class accuracy, every sample counted once.",
+        usage="%(prog)s CHECKPOINT [options]",
     )
     parser.add_argument("checkpoint", help="a checkpoint directory or URI (…/checkpoint_*)")
     parser.add_argument("--split", default="val", help="val (default) or train")
