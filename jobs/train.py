@@ -1,7 +1,8 @@
 """Train a model with distributed data parallelism on Ray.
 
 python jobs/train.py                       # built-in dataset, 2 CPU workers or 1 per GPU
-python jobs/train.py --help                # every flag
+python jobs/train.py --help                # the flags, a line or two each
+python jobs/train.py --help-all            # each explained in full (also docs/flags.md)
 ray job submit --working-dir . -- python jobs/train.py --storage-path s3://bucket/runs
 """
 

@@ -15,6 +15,7 @@ import shlex
 
 import pytest
 
+from ray_ddp.config.flags import REGENERATE, flags_markdown
 from ray_ddp.driver.cli import evaluate_parser, train_parser, tune_parser
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -177,3 +178,17 @@ def test_every_flag_the_docs_and_docstrings_name_exists():
     assert len(named) > 50 and "--num-workers" in named  # it reads what it should
     stale = {flag: where[:3] for flag, where in named.items() if flag not in known}
     assert not stale, f"flags that no job or script has: {stale}"
+
+
+def test_the_flags_reference_is_what_the_fields_say():
+    """docs/flags.md is generated from the config fields; a field changed without
+    regenerating it fails here, saying how to."""
+    text = _read(os.path.join(ROOT, "docs", "flags.md"))
+    assert text == flags_markdown(), f"docs/flags.md is out of date: run {REGENERATE}"
+    headings = " ".join(re.findall(r"^#### (.*)$", text, flags=re.M))
+    jobs_own = {"-h", "--help", "--help-all"}
+    for job in ("train", "tune"):
+        for action in PARSERS[job]()._actions:
+            for option in set(action.option_strings) - jobs_own:
+                assert f"`{option}" in headings, (job, option)
+    assert "#### `--use-gpu` / `--no-gpu`" in text and "one of `ddp`, `fsdp2`" in text

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import re
 import types
 import typing
@@ -178,7 +179,7 @@ def _metavar(facts: Flag, kind: Any) -> str | None:
 def _annotate(action: argparse.Action, facts: Flag, doc: str, overrides: str | None) -> None:
     """What :class:`FieldHelp` reads of a field's flag: the short and the full help."""
     action.help = first_sentence(doc) or None
-    action.full_help = _text(doc)
+    action.full_help, action.doc, action.facts = _text(doc), doc, facts
     action.auto = "Auto:" in doc
     action.fixed_default = "unchanged" if overrides else facts.shown
 
@@ -238,3 +239,80 @@ def from_args(cls: type[T], args: argparse.Namespace) -> T:
     defaults."""
     names = {f.name for f in config_fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+
+# --------------------------------------------------------------------- docs/flags.md
+REGENERATE = "python jobs/flags_doc.py"
+
+
+def _markdown(text: str) -> str:
+    """A docstring's text for markdown: ````code```` as ```code```, and ``<`` outside code
+    spans escaped (``list<float>`` is no HTML tag)."""
+    parts = " ".join(text.split()).split("``")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;") for i, p in enumerate(parts))
+
+
+def _flag_entry(action: argparse.Action, swept: bool) -> list[str]:
+    """One flag of docs/flags.md: its heading, its facts in a line, its whole docstring."""
+    facts: Flag = action.facts
+    names = " / ".join(f"`{option}`" for option in action.option_strings)
+    if action.nargs != 0 and not facts.choices:
+        names = names[:-1] + f" {action.metavar or action.dest.upper()}`"
+    default = default_text(action)
+    shown = [f"Default: {default}" if default else "Default: not set"]
+    if facts.choices:
+        shown.append("one of " + ", ".join(f"`{c}`" for c in facts.choices))
+    if facts.resume_safe:
+        shown.append("a re-run of its `--name` may change it")
+    if swept and not facts.sweep:
+        shown.append("not in jobs/tune.py")
+    return [f"#### {names}", "", "; ".join(shown) + ".", "", _markdown(action.doc), ""]
+
+
+def _sections_markdown(cls: type, swept: bool) -> list[str]:
+    """Each section of ``cls`` with a flag: its title, its docstring, its flags."""
+    parser = argparse.ArgumentParser()
+    add_fields(parser, cls)
+    about = {title: inspect.getdoc(section) or "" for title, section in sections_of(cls)}
+    lines = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if hasattr(a, "facts")]
+        if actions:
+            lines += [f"### {group.title}", "", _markdown(about.get(group.title, "")), ""]
+            lines += [line for a in actions for line in _flag_entry(a, swept)]
+    return lines
+
+
+def flags_markdown() -> str:
+    """docs/flags.md: every flag of ``jobs/train.py`` and ``jobs/tune.py``, by section, with
+    its default, choices and whole docstring (what ``--help-all`` prints)."""
+    from ray_ddp.config.sweep import SweepConfig
+    from ray_ddp.config.train import TrainConfig
+
+    lines = [
+        "# Flags",
+        "",
+        "Every flag of `jobs/train.py` (and of an own loop's script, `ray_ddp.main`) and of",
+        "`jobs/tune.py`, by section: its default, its choices, whether a re-run of a named",
+        "run may change it, and its whole explanation. `--help` shows each flag's first",
+        "sentence; `--help-all` all of it.",
+        "",
+        "Generated from the config fields (`ray_ddp/config/sections.py`, `sweep.py`) by",
+        f"`{REGENERATE}`; tests/test_docs.py fails when it differs from them. Edit the",
+        "fields, not this file.",
+        "",
+        "## jobs/train.py",
+        "",
+        *_sections_markdown(TrainConfig, swept=True),
+        "## jobs/tune.py",
+        "",
+        "A sweep takes the flags above (but those marked not in jobs/tune.py), with",
+        "`--batch-size` the reference batch of `--scale-lr`, and these:",
+        "",
+        *_sections_markdown(SweepConfig, swept=False),
+        "## jobs/evaluate.py",
+        "",
+        "A checkpoint, `--split`, `--predictions` and `--summary-json`, and changes to some",
+        "of the flags above: `python jobs/evaluate.py --help`.",
+    ]
+    return "\n".join(lines) + "\n"
