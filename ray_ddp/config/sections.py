@@ -107,17 +107,16 @@ class Scaling:
     num_workers: int | None = option(
         None, bound=POSITIVE, resume_safe=True, parse=parse_workers, metavar="N|MIN-MAX"
     )
-    """Training workers (= DDP processes). Ray starts one process per worker. Auto: one per
-    GPU up in the cluster, else 2 CPU workers. GPU workers on a cluster whose GPU nodes are
-    not up yet: give it. ``MIN-MAX`` (e.g. ``4-8``): elastic, the run starts on as many as
-    fit, continues on fewer when workers are lost (down to MIN) and grows back when room
-    appears, keeping its global batch (MAX x --accum-steps micro-batches a step) by changing
-    the accumulation. A count that does not divide the micro-batches splits them unevenly
-    (16 on 6 workers: 3 on ranks 0-3, 2 on ranks 4-5, which wait for them); a range where
-    some count would keep the workers under 75% busy is refused, with settings that fix it.
-    A re-run on another count continues the same run (same global batch, same data order)
-    where that count x --batch-size divides the global batch, else it is refused, naming the
-    counts that do."""
+    """Training workers (= DDP processes). Auto: one per GPU up in the cluster, else 2 CPU
+    workers. GPU workers on a cluster whose GPU nodes are not up yet: give it. ``MIN-MAX``
+    (e.g. ``4-8``): elastic, the run starts on as many as fit, continues on fewer when
+    workers are lost (down to MIN) and grows back when room appears, keeping its global
+    batch (MAX x --accum-steps micro-batches a step) by changing the accumulation. A count
+    that does not divide the micro-batches splits them unevenly (16 on 6 workers: 3 on ranks
+    0-3, 2 on ranks 4-5, which wait for them); a range where some count would keep the
+    workers under 75% busy is refused, with settings that fix it. A re-run on another count
+    continues the same run (same global batch, same data order) where that count x
+    --batch-size divides the global batch, else it is refused, naming the counts that do."""
     min_workers: int | None = option(None, bound=POSITIVE, resume_safe=True, cli=False)
     """The fewest workers an elastic run continues on (``--num-workers MIN-MAX`` sets it
     and ``num_workers`` to MAX); None: a fixed number of workers."""
