@@ -96,7 +96,7 @@ def run(
     counter = attach_counter(model)
     order = GlobalOrderBatches(
         len(train),
-        batch_size=cfg.batch_size,
+        batch_size=cfg.optim.batch_size,
         global_batch=cfg.global_batch_size,
         seed=0,
         rank=0,
@@ -115,13 +115,13 @@ def run(
         ImageClassification(),  # the built-in task's loss: cross-entropy on class scores
         amp,
         device,
-        cfg.seed,
-        cfg.grad_clip,
+        cfg.optim.seed,
+        cfg.optim.grad_clip,
         channels_last,
     )
     observer = Observers(
         Faults(Harness(nan_step=nan_at), "", rank=0),  # the NaN check: a loss poisoned then
-        Guard(LossGuard(device, rank=0, check_every=cfg.log_every_steps)),
+        Guard(LossGuard(device, rank=0, check_every=cfg.logging.log_every_steps)),
     )
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

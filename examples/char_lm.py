@@ -203,7 +203,9 @@ class CharLM(Task):
     def datasets(self, cfg: Any, facts: dict[str, Any]) -> tuple[Dataset, Dataset]:
         train, val = split_bytes(corpus_bytes())
         block = facts.get("block", self.block)
-        return Blocks(train, block, cfg.train_samples), Blocks(val, block, cfg.val_samples)
+        return Blocks(train, block, cfg.data.train_samples), Blocks(
+            val, block, cfg.data.val_samples
+        )
 
     def model(self, cfg: Any, facts: dict[str, Any]) -> nn.Module:
         shape = {**self.describe(cfg), **facts}

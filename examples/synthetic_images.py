@@ -53,7 +53,7 @@ class SyntheticImages(Task):
         return {"model": self.arch, "image_size": self.size, "num_classes": self.classes}
 
     def datasets(self, cfg, facts):
-        return Indices(cfg.train_samples or self.samples), Indices(cfg.val_samples or 512)
+        return Indices(cfg.data.train_samples or self.samples), Indices(cfg.data.val_samples or 512)
 
     def model(self, cfg, facts) -> nn.Module:
         import torchvision

@@ -238,10 +238,10 @@ class TabularRegression(Task):
     def describe(self, cfg: Any) -> dict[str, Any]:
         """Columns (checked in every file's footer, both splits), the training split's
         statistics (one pass over its feature and target columns) and the MLP's widths."""
-        files = {split: split_files(cfg.data_dir, split) for split in SPLITS}
+        files = {split: split_files(cfg.data.data_dir, split) for split in SPLITS}
         features, target = resolve_columns(files["train"], self.target_column, self.feature_columns)
         resolve_columns(files["val"], target, features)
-        rows, mean, std = column_stats(files["train"], [*features, target], cfg.train_samples)
+        rows, mean, std = column_stats(files["train"], [*features, target], cfg.data.train_samples)
         if rows < 2:
             raise ConfigError(f"the train split has {rows} rows: too few to standardise")
         std = np.where(std > 0, std, 1.0)  # a constant column stays as it is, centred
@@ -259,9 +259,11 @@ class TabularRegression(Task):
     def datasets(self, cfg: Any, facts: dict[str, Any]) -> tuple[Dataset, Dataset]:
         # Columns from the facts, not from self: evaluation rebuilds the task by class.
         features, target = facts["features"], facts["target"]
-        limits = {"train": cfg.train_samples, "val": cfg.val_samples}
+        limits = {"train": cfg.data.train_samples, "val": cfg.data.val_samples}
         train, val = (
-            read_split(split_files(cfg.data_dir, split), features, target, limits[split], split)
+            read_split(
+                split_files(cfg.data.data_dir, split), features, target, limits[split], split
+            )
             for split in SPLITS
         )
         return train, val

@@ -16,7 +16,7 @@ def _log(cfg, what: str) -> None:
     import ray.train
 
     rank = ray.train.get_context().get_world_rank()
-    with open(os.path.join(cfg.data_dir, "fetch.log"), "a") as f:
+    with open(os.path.join(cfg.data.data_dir, "fetch.log"), "a") as f:
         f.write(f"{rank} {what} {time.monotonic():.6f}\n")
 
 
@@ -24,8 +24,8 @@ class FetchOnce(Good):
     """broken_tasks.Good's regression, with data that exists once it is fetched."""
 
     def datasets(self, cfg, facts):
-        data = os.path.join(cfg.data_dir, "data.pt")
-        if cfg.download:
+        data = os.path.join(cfg.data.data_dir, "data.pt")
+        if cfg.data.download:
             _log(cfg, "fetch-start")
             time.sleep(0.5)  # a slow download: a reader that does not wait would see none
             x = torch.randn(64, 3, generator=torch.Generator().manual_seed(0))

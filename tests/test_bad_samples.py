@@ -345,7 +345,8 @@ def _epochs(unreadable: set[int], micro: int, per_step: int = 8, epochs: int = 1
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     state = TrainState(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False))
-    core = StepCore(state, Good(), cfg.amp, torch.device("cpu"), cfg.seed, cfg.grad_clip,
+    optim = cfg.optim
+    core = StepCore(state, Good(), optim.amp, torch.device("cpu"), optim.seed, optim.grad_clip,
                     stand_in=stand_in)  # fmt: skip
     skips = Skips(SkipLog())
     observer = Observers(Guard(LossGuard(torch.device("cpu"), 0, 1)), skips, Ledger())

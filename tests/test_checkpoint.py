@@ -64,7 +64,7 @@ def test_full_state_round_trips_with_weights_only(tmp_path):
     }  # fmt: skip
     assert state["optimizer"]["state"], "AdamW moments are saved"
     assert state["scheduler"]["last_epoch"] == 1
-    assert state["config"]["lr"] == TrainConfig().lr
+    assert state["config"]["lr"] == TrainConfig().optim.lr
     assert state["world_size"] == 2
     assert not any(k.startswith("module.") for k in state["model"])
     fresh = load_model(str(tmp_path))  # a plain model, no DDP, no Ray

@@ -24,7 +24,7 @@ from formats import write_cifar10, write_imagefolder, write_parquet
 
 from ray_ddp.config import SweepConfig, TrainConfig, sections, sweep
 from ray_ddp.config import train as config
-from ray_ddp.config.fields import config_fields, field_docs, flag_of, sections_of
+from ray_ddp.config.fields import config_fields, field_docs, field_value, flag_of, sections_of
 from ray_ddp.config.flags import first_sentence, from_args
 from ray_ddp.driver.cli import (
     evaluate_main,
@@ -378,7 +378,7 @@ def _set_every_field(cls: type, only_swept: bool = False) -> tuple[list[str], di
         facts = flag_of(f)
         if not facts.cli or (only_swept and not facts.sweep):
             continue
-        default = getattr(cls(), f.name)
+        default = field_value(cls(), f.name)
         if hints[f.name] is bool and default:
             argv.append(facts.negative or _dashed("no_" + f.name))
             values[f.name] = False
@@ -423,8 +423,12 @@ def test_every_train_field_has_a_flag_that_sets_it():
         ["--no-gpu", "--no-pin-memory", "--no-channels-last", "--placement-strategy", "spread"]
     )
     cfg = from_args(TrainConfig, args)
-    assert (cfg.use_gpu, cfg.pin_memory, cfg.channels_last) == (False, False, False)
-    assert cfg.placement_strategy == "SPREAD"
+    assert (cfg.scaling.use_gpu, cfg.data.pin_memory, cfg.data.channels_last) == (
+        False,
+        False,
+        False,
+    )
+    assert cfg.scaling.placement_strategy == "SPREAD"
     assert from_args(TrainConfig, train_parser().parse_args([])) == TrainConfig()
 
 

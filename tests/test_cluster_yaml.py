@@ -248,12 +248,20 @@ def test_the_documented_jobs_ask_for_gpu_workers_the_gpu_nodes_can_hold():
         if script == "tune.py":
             validate_sweep(from_args(SweepConfig, args), train)
         # GPU workers, counted, and waited for: the GPU nodes start only when asked for.
-        assert train.use_gpu and train.num_workers and train.wait_for_resources >= 300, argv
-        problem = unplaceable(worker_bundle(train), train.num_workers, [head], types, max_nodes)
+        assert (
+            train.scaling.use_gpu
+            and train.scaling.num_workers
+            and train.scaling.wait_for_resources >= 300
+        ), argv
+        problem = unplaceable(
+            worker_bundle(train), train.scaling.num_workers, [head], types, max_nodes
+        )
         assert problem is None, problem
     # And what the comments say is refused is.
     for too_much in ({"cpus_per_worker": 64.0}, {"num_workers": 17}):
         train = TrainConfig(
             **{"use_gpu": True, "num_workers": 4, "cpus_per_worker": 8.0, **too_much}
         )
-        assert unplaceable(worker_bundle(train), train.num_workers, [head], types, max_nodes)
+        assert unplaceable(
+            worker_bundle(train), train.scaling.num_workers, [head], types, max_nodes
+        )

@@ -126,7 +126,7 @@ def test_parquet_features_need_mlp(tmp_path):
     cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path), feature_column="features")
     with pytest.raises(ConfigError, match="needs --model mlp"):
         describe_dataset(cfg)
-    cfg.model = "mlp"
+    cfg.target.model = "mlp"
     train, val, info = build_datasets(cfg)
     assert info.input_shape == (5,) and train[0][0].dtype == torch.float32
     assert len(val) == 11

@@ -53,9 +53,14 @@ def test_an_earlier_checkpoint_loads_checks_and_restores():
     state = load_state(CHECKPOINT)
     assert "stall_step" in state["config"]  # an earlier config, with its testing aids
     cfg = saved_config(state)
-    assert (cfg.model, cfg.lr, cfg.seed, cfg.batch_size) == ("small_cnn", 0.01, 7, 32)
+    assert (cfg.target.model, cfg.optim.lr, cfg.optim.seed, cfg.optim.batch_size) == (
+        "small_cnn",
+        0.01,
+        7,
+        32,
+    )
     facts = {"model": "small_cnn", "num_classes": 10, "input_shape": [3, 16, 16]}
-    check_compatible(state, {"task": cfg.task, "facts": facts}, "the checkpoint")
+    check_compatible(state, {"task": cfg.target.task, "facts": facts}, "the checkpoint")
     model = load_model(CHECKPOINT)  # the built-in task, by the spec it recorded
     assert all(torch.equal(model.state_dict()[k], v) for k, v in state["model"].items())
 
@@ -78,7 +83,7 @@ def test_an_earlier_checkpoint_finishes_its_epoch_in_its_own_order(capsys):
     worker = Worker(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
     restored = Restored(state, CHECKPOINT)
     restore_training(restored, train, worker, now, steps_per_epoch=188)
-    splits = make_synthetic(now.seed)
+    splits = make_synthetic(now.optim.seed)
     order = GlobalOrderBatches(len(splits[0]), batch_size=32, global_batch=64, seed=7, rank=0,
                                world_size=2, tag_epoch=False)  # fmt: skip
     record = order_record(order.plan, None)
@@ -109,7 +114,7 @@ def test_an_earlier_run_record_guards_its_re_runs(tmp_path):
         check_rerun(TrainConfig(**{**FLAGS, "lr": 0.02}, storage_path=str(tmp_path), name="old"))
     fewer = TrainConfig(**{**FLAGS, "num_workers": 1}, storage_path=str(tmp_path), name="old")
     kept = keep_global_batch(fewer, recorded_config(fewer), "run old")
-    assert kept.accum_steps == 2 and kept.global_batch_size == 64
+    assert kept.optim.accum_steps == 2 and kept.global_batch_size == 64
 
 
 # A run record written by today's write_record (at 71e8b1a, before the typed-config
@@ -143,10 +148,10 @@ def test_a_record_of_today_reads_into_the_same_config_and_resumes(tmp_path):
         saved = json.load(file)
     assert set(saved) == set(KEPT)  # every field the config had when it was written
     defaults = TrainConfig()
-    assert sum(value != getattr(defaults, name) for name, value in KEPT.items()) >= 60
+    assert sum(value != defaults.value(name) for name, value in KEPT.items()) >= 60
 
     read, kept = TrainConfig.from_dict(saved), TrainConfig(**KEPT)
-    differ = [n for n in KEPT if getattr(read, n) != getattr(kept, n)]
+    differ = [n for n in KEPT if read.value(n) != kept.value(n)]
     assert not differ, differ
     assert read == kept
     assert {k: v for k, v in read.to_dict().items() if k in saved} == saved  # written the same
@@ -161,4 +166,4 @@ def test_a_record_of_today_reads_into_the_same_config_and_resumes(tmp_path):
                                    "allow_config_change": False}))  # fmt: skip
     fewer = TrainConfig(**{**KEPT, "storage_path": str(tmp_path), "num_workers": 2,
                            "min_workers": None})  # fmt: skip
-    assert keep_global_batch(fewer, recorded_config(fewer), "run kept-run").accum_steps == 4
+    assert keep_global_batch(fewer, recorded_config(fewer), "run kept-run").optim.accum_steps == 4

@@ -120,7 +120,7 @@ def test_accumulated_micro_batches_make_the_same_steps_under_ddp_and_fsdp2(ray_s
     c = ray_ddp.load_model(sharded["latest_checkpoint"]).state_dict()
 
     cfg = quick(storage, "x")
-    torch.manual_seed(cfg.seed)  # as ray_ddp seeds the initial weights
+    torch.manual_seed(cfg.optim.seed)  # as ray_ddp seeds the initial weights
     initial = task.model(cfg, task.describe(cfg)).state_dict()
     moved = max((a[k] - initial[k]).abs().max().item() for k in a)
     differ = max((a[k] - b[k]).abs().max().item() for k in a)

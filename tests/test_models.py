@@ -20,7 +20,7 @@ NORMS = (nn.modules.batchnorm._NormBase, nn.GroupNorm, nn.LayerNorm)
 
 
 def test_the_default_model_is_the_small_resnet():
-    assert TrainConfig().model == "small_resnet"
+    assert TrainConfig().target.model == "small_resnet"
     assert "small_resnet" in BUILTIN_MODELS and not needs_rgb("small_resnet")
     check_model_name("small_resnet")
 

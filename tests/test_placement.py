@@ -205,7 +205,7 @@ CPU_TYPES = [Nodes({"CPU": 8.0}, 4)]
 
 def _choose(view, capsys, address=None, **fields):
     cfg = choose_workers(TrainConfig(address=address, **fields), view)
-    return (cfg.use_gpu, cfg.num_workers), capsys.readouterr().out.strip()
+    return (cfg.scaling.use_gpu, cfg.scaling.num_workers), capsys.readouterr().out.strip()
 
 
 def test_auto_means_gpu_workers_where_gpus_are_up_or_can_be_started(capsys, monkeypatch):

@@ -33,8 +33,8 @@ def test_rerun_may_extend_and_relocate_but_not_change_training(tmp_path):
         ({"accum_steps": 2}, "global batch 128 -> 256"),
     ):
         with pytest.raises(ConfigError, match=flag):
-            check_rerun(dataclasses.replace(cfg, **changed))
-    check_rerun(dataclasses.replace(cfg, lr=0.1, allow_config_change=True))
+            check_rerun(cfg.replace(**changed))
+    check_rerun(cfg.replace(lr=0.1, allow_config_change=True))
 
 
 # Before the list was derived from the field definitions it was written out by hand; the
@@ -82,13 +82,13 @@ def test_a_rerun_may_change_exactly_the_resume_safe_fields(tmp_path):
     cfg = TrainConfig(storage_path=str(tmp_path), name="r")
     # Unresolved (None) values are not compared: record a value for every field.
     cfg = dataclasses.replace(
-        cfg, **{f.name: 1 for f in TrainConfig.fields() if getattr(cfg, f.name) is None}
+        cfg, **{f.name: 1 for f in TrainConfig.fields() if cfg.value(f.name) is None}
     )
     write_record(cfg)
     for f in TrainConfig.fields():
         if f.name in ("name", "storage_path"):  # they say which record is read
             continue
-        rerun = dataclasses.replace(cfg, **{f.name: _other(getattr(cfg, f.name))})
+        rerun = dataclasses.replace(cfg, **{f.name: _other(cfg.value(f.name))})
         if f.name in ("num_workers", "accum_steps"):  # they make the global batch
             with pytest.raises(ConfigError, match="global batch 64 -> 128"):
                 check_rerun(rerun)

@@ -22,7 +22,7 @@ STEPS_PER_EPOCH = 10
 def _state(cfg: TrainConfig, scaler: torch.amp.GradScaler | None = None) -> TrainState:
     model = build_model("small_cnn", (3, 16, 16), 10)
     optimizer = build_optimizer(cfg, model.parameters())
-    scheduler = build_scheduler(cfg, optimizer, STEPS_PER_EPOCH * cfg.epochs)
+    scheduler = build_scheduler(cfg, optimizer, STEPS_PER_EPOCH * cfg.optim.epochs)
     return TrainState(
         model, optimizer, scheduler, scaler or grad_scaler("off", torch.device("cpu"))
     )
@@ -56,12 +56,12 @@ def _worker(world: int = 2) -> Worker:
 def test_the_flags_hyperparameters_replace_the_saved_ones_and_are_named(capsys):
     old = TrainConfig(lr=3e-3, weight_decay=0.01, optimizer="sgd", momentum=0.9, epochs=4)
     new = TrainConfig(lr=1e-5, weight_decay=0.05, optimizer="sgd", momentum=0.5, epochs=4)
-    old.num_workers = new.num_workers = 2
+    old.scaling.num_workers = new.scaling.num_workers = 2
     state = _state(new)
     restore_training(_saved(old, 2, world=2), state, _worker(), new, STEPS_PER_EPOCH)
     group = state.optimizer.param_groups[0]
     # Half way through the schedule (20 of 40 steps), at the new peak lr.
-    assert group["lr"] == pytest.approx(1e-5 * lr_factor(20, 2, 40, new.min_lr_ratio))
+    assert group["lr"] == pytest.approx(1e-5 * lr_factor(20, 2, 40, new.optim.min_lr_ratio))
     assert (group["weight_decay"], group["momentum"]) == (0.05, 0.5)
     line = capsys.readouterr().out
     assert "peak lr 0.003 -> 1e-05 (from the flags)" in line
@@ -114,7 +114,9 @@ def test_another_global_batch_continues_the_schedule_at_the_epochs_done():
     restore_training(restored, state, _worker(2), cfg, steps_now)
     assert state.scheduler.last_epoch == 5 * steps_now
     warmup = max(1, round(0.05 * steps_now * 10))
-    expected = cfg.lr * lr_factor(5 * steps_now, warmup, steps_now * 10, cfg.min_lr_ratio)
+    expected = cfg.optim.lr * lr_factor(
+        5 * steps_now, warmup, steps_now * 10, cfg.optim.min_lr_ratio
+    )
     assert state.optimizer.param_groups[0]["lr"] == pytest.approx(expected)
 
 

@@ -139,9 +139,9 @@ def test_run_record_on_s3_refuses_another_config(s3):
     write_record(cfg)
     assert record_path(cfg) == f"s3://{BUCKET}/records/run/ray_ddp_config.json"
     assert json.loads(storage.read_text(record_path(cfg)))["lr"] == 0.5
-    check_rerun(dataclasses.replace(cfg, epochs=20))  # extending it is fine
+    check_rerun(cfg.replace(epochs=20))  # extending it is fine
     with pytest.raises(ConfigError, match=r"exists with another config \(--lr 0.5 -> 0.1\)"):
-        check_rerun(dataclasses.replace(cfg, lr=0.1))
+        check_rerun(cfg.replace(lr=0.1))
 
 
 @pytest.mark.parametrize("marker", ["object", "directory-marker"])
@@ -253,10 +253,10 @@ def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, 
     cfg = TrainConfig(resume_from=str(tmp_path / "checkpoint_7"))
     run_dir = f"s3://{BUCKET}/shared/run"
     assert shared_resume_from(cfg, run_dir, nodes=1) == cfg
-    shared = shared_resume_from(cfg, run_dir, nodes=3).resume_from
+    shared = shared_resume_from(cfg, run_dir, nodes=3).checkpointing.resume_from
     assert shared == f"{run_dir}/resume_from/checkpoint_7"
     assert load_checkpoint_state(shared)["marker"] == 7
-    uri = dataclasses.replace(cfg, resume_from=shared)
+    uri = cfg.replace(resume_from=shared)
     assert shared_resume_from(uri, run_dir, nodes=3) == uri  # a URI is already shared
 
 
@@ -328,7 +328,7 @@ def s3_runs(s3, ray_session, s3_shards):
     )
     straight = run_training(cfg, harness=LEDGER)
     dies = Harness(stalls=(Stall(23, rank=1, exit=True),), sample_ledger=True)
-    killed = run_training(dataclasses.replace(cfg, name="killed", max_failures=1), harness=dies)
+    killed = run_training(cfg.replace(name="killed", max_failures=1), harness=dies)
     return cfg, straight, killed
 
 
@@ -402,7 +402,7 @@ def test_resume_from_a_checkpoint_uri_into_a_new_name_with_new_flags(s3, s3_runs
     )  # fmt: skip
     assert [m["epoch"] for m in summary["history"]] == [3]
     assert summary["run_dir"] == f"s3://{BUCKET}/runs/branch{options}"
-    assert summary["history"][-1]["lr"] == pytest.approx(1e-4 * cfg.min_lr_ratio)
+    assert summary["history"][-1]["lr"] == pytest.approx(1e-4 * cfg.optim.min_lr_ratio)
     rows = read_metrics(storage.join(summary["run_dir"], METRICS_CSV))
     assert [r["epoch"] for r in rows] == [3]  # the workers' logs reached that URI too
     with storage.local_copy(summary["latest_checkpoint"]) as local:

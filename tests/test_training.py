@@ -172,7 +172,9 @@ def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first
     model = load_model(summary["latest_checkpoint"])  # unwrapped: no DDP, no Ray
     saved = load_state(summary["latest_checkpoint"])["model"]
     assert not any(key.startswith("module.") for key in saved), "saved without DDP's prefix"
-    assert type(model) is type(build_model(cfg.model, (3, 16, 16), 10)) and not model.training
+    assert (
+        type(model) is type(build_model(cfg.target.model, (3, 16, 16), 10)) and not model.training
+    )
     _, val, _ = build_datasets(cfg)
     loader = torch.utils.data.DataLoader(val, batch_size=50)
     single = evaluate(model, loader, torch.device("cpu"), ImageClassification())

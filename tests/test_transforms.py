@@ -121,8 +121,8 @@ def test_each_dataset_default_and_the_help_text_that_states_it():
 def test_augment_parses_and_is_not_resume_safe():
     for policy in AUGMENT_POLICIES:
         cfg = from_args(TrainConfig, train_parser().parse_args(["--augment", policy]))
-        assert cfg.augment == policy
-    assert from_args(TrainConfig, train_parser().parse_args([])).augment is None
+        assert cfg.data.augment == policy
+    assert from_args(TrainConfig, train_parser().parse_args([])).data.augment is None
     # It changes what is trained: a re-run of a named run may not change it.
     assert "augment" not in resume_safe_fields(TrainConfig)
     assert config_changes({"augment": "crop-flip"}, {"augment": "none"}) == [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import os
 import signal
@@ -32,7 +31,7 @@ def test_concurrency_is_derived_from_the_cluster():
     gpu = TrainConfig(num_workers=4, cpus_per_worker=1.0, use_gpu=True)
     assert plan_concurrency(gpu, sweep, {"CPU": 64, "GPU": 8}) == 2
     # A custom resource per worker counts like the GPUs: 5 slots hold 2 trials of 2 workers.
-    slots = dataclasses.replace(cfg, resources_per_worker={"trainer_slot": 1.0})
+    slots = cfg.replace(resources_per_worker={"trainer_slot": 1.0})
     assert plan_concurrency(slots, sweep, {"CPU": 16, "trainer_slot": 5}) == 2
     with pytest.raises(ConfigError, match="needs 2 trainer_slot .* the cluster has 1"):
         plan_concurrency(slots, sweep, {"CPU": 16, "trainer_slot": 1})

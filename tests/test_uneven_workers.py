@@ -16,8 +16,8 @@ def test_an_elastic_range_whose_counts_do_not_divide_the_step_trains_them_uneven
     argv = ["--num-workers", "4-8", "--accum-steps", "2", "--batch-size", "8"]
     cfg = train_config(train_parser().parse_args(argv))
     validate(cfg)  # what preflight checks first, before any cluster work
-    assert (cfg.min_workers, cfg.num_workers, cfg.global_batch_size) == (4, 8, 128)
-    plan = EpochPlan(256, cfg.batch_size, cfg.global_batch_size, seed=0, epoch=0)
+    assert (cfg.scaling.min_workers, cfg.scaling.num_workers, cfg.global_batch_size) == (4, 8, 128)
+    plan = EpochPlan(256, cfg.optim.batch_size, cfg.global_batch_size, seed=0, epoch=0)
     for workers in range(4, 9):
         slots = [plan.slots(rank, workers) for rank in range(workers)]
         first_step = [[s for s in mine if s.step == 0] for mine in slots]

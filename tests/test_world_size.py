@@ -19,13 +19,13 @@ def _parsed(*argv: str) -> TrainConfig:
 
 def test_num_workers_min_max_makes_an_elastic_config():
     cfg = _parsed("--num-workers", "2-4", "--accum-steps", "3")
-    assert (cfg.min_workers, cfg.num_workers) == (2, 4)
-    assert cfg.elastic and cfg.worker_range == (2, 4)
+    assert (cfg.scaling.min_workers, cfg.scaling.num_workers) == (2, 4)
+    assert cfg.scaling.elastic and cfg.scaling.worker_range == (2, 4)
     validate(cfg)  # 4 x 3 = 12 micro-batches per step: 2, 3 and 4 workers divide it
     assert scaling_workers(cfg) == (2, 4)
     fixed = _parsed("--num-workers", "3")
-    assert not fixed.elastic and scaling_workers(fixed) == 3
-    assert not _parsed("--num-workers", "2-2").elastic
+    assert not fixed.scaling.elastic and scaling_workers(fixed) == 3
+    assert not _parsed("--num-workers", "2-2").scaling.elastic
 
 
 @pytest.mark.parametrize(
@@ -80,11 +80,11 @@ def test_a_rerun_on_fewer_or_more_workers_keeps_the_global_batch(capsys):
     fewer = keep_global_batch(
         TrainConfig(num_workers=1, batch_size=32, accum_steps=2), SAVED, "run r"
     )
-    assert (fewer.accum_steps, fewer.global_batch_size) == (4, 128)
+    assert (fewer.optim.accum_steps, fewer.global_batch_size) == (4, 128)
     more = keep_global_batch(
         TrainConfig(num_workers=4, batch_size=32, accum_steps=2), SAVED, "run r"
     )
-    assert (more.accum_steps, more.global_batch_size) == (1, 128)
+    assert (more.optim.accum_steps, more.global_batch_size) == (1, 128)
     out = capsys.readouterr().out
     assert "run r continues on 1 worker: accumulation 2 -> 4 keeps its global batch of 128" in out
     assert "run r continues on 4 workers: accumulation 2 -> 1" in out

@@ -70,10 +70,12 @@ def critic_scores(disc: nn.Module, gen: nn.Module, batch) -> dict[str, ray_ddp.S
 
 def train(run: ray_ddp.Run) -> None:
     cfg = run.config
-    train_set, val_set = make_synthetic(cfg.seed, cfg.train_samples, cfg.val_samples)
+    train_set, val_set = make_synthetic(
+        cfg.optim.seed, cfg.data.train_samples, cfg.data.val_samples
+    )
     gen, disc = run.setup(generator(), discriminator())
-    g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.lr, betas=(0.5, 0.999))
-    d_opt = torch.optim.Adam(disc.parameters(), lr=cfg.lr, betas=(0.5, 0.999))
+    g_opt = torch.optim.Adam(gen.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.999))
+    d_opt = torch.optim.Adam(disc.parameters(), lr=cfg.optim.lr, betas=(0.5, 0.999))
     ema = EMA(unwrapped(gen))
     run.register(generator=gen, discriminator=disc, g_opt=g_opt, d_opt=d_opt, ema=ema)
     for _epoch in run.epochs():

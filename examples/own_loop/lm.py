@@ -80,10 +80,10 @@ def token_nll(model: nn.Module, batch) -> ray_ddp.Sum:
 
 def train(run: ray_ddp.Run) -> None:
     cfg = run.config
-    train_set = sequences(cfg.seed, cfg.train_samples or 1024, 0)
-    val_set = sequences(cfg.seed, cfg.val_samples or 256, 1)
+    train_set = sequences(cfg.optim.seed, cfg.data.train_samples or 1024, 0)
+    val_set = sequences(cfg.optim.seed, cfg.data.val_samples or 256, 1)
     model = run.setup(TinyLM())
-    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=cfg.optim.lr, momentum=0.9)
     warmup = 10
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: min(1.0, (s + 1) / warmup))
     run.register(model=model, optimizer=optimizer, schedule=schedule)

@@ -11,16 +11,16 @@ from ray_ddp.image_classification.synthetic import make_synthetic
 
 def main(run):
     # 1. parse the arguments
-    args = run.config  # jobs/train.py's flags: --batch-size, --epochs, --lr, --num-workers...
+    args = run.config  # jobs/train.py's flags by section: args.optim.lr is --lr, ...
     # 2. initialise the distributed environment
     # 3. fix the random seed (optional, for reproducibility)
     # 4. prepare the data
-    train_dataset, val_dataset = make_synthetic(args.seed, args.train_samples, args.val_samples)
+    train_dataset, val_dataset = make_synthetic(args.optim.seed, args.data.train_samples, args.data.val_samples)  # noqa: E501
     # 5. build the model
     model = run.setup(build_model('small_cnn', (3, 16, 16), 10))
     # 6. loss function and optimizer
     criterion = nn.CrossEntropyLoss()
-    optimizer = optim.Adam(model.parameters(), lr=args.lr)
+    optimizer = optim.Adam(model.parameters(), lr=args.optim.lr)
     run.register(model=model, optimizer=optimizer)  # mixed precision: the run's GradScaler
     # 7. the training loop
     for epoch in run.epochs():

@@ -44,12 +44,12 @@ REQUEST_GRACE_S = 60.0
 def worker_resources(cfg: TrainConfig) -> dict[str, float]:
     """One worker's resources for Ray Train's ``ScalingConfig(resources_per_worker=...)``:
     its CPUs and the extra resources asked for (the GPU comes from ``use_gpu``)."""
-    return {"CPU": cfg.cpus_per_worker, **(cfg.resources_per_worker or {})}
+    return {"CPU": cfg.scaling.cpus_per_worker, **(cfg.scaling.resources_per_worker or {})}
 
 
 def worker_bundle(cfg: TrainConfig) -> dict[str, float]:
     """Everything one worker holds on its node, the GPU included."""
-    return {**worker_resources(cfg), **({"GPU": 1.0} if cfg.use_gpu else {})}
+    return {**worker_resources(cfg), **({"GPU": 1.0} if cfg.scaling.use_gpu else {})}
 
 
 @dataclass(frozen=True)
@@ -93,14 +93,14 @@ def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
     cfg = choose_workers(cfg, view)
     # An elastic run needs its MIN workers to start; Ray Train starts it on as many as
     # fit, up to MAX, and asks an autoscaler for the rest.
-    needed = dataclasses.replace(cfg, num_workers=cfg.worker_range[0])
+    needed = cfg.replace(num_workers=cfg.scaling.worker_range[0])
     wait_for_nodes(needed, view)
     wait_until_free(needed)
     return cfg
 
 
 def _joined_cluster(cfg: TrainConfig) -> bool:
-    return bool(cfg.address or os.environ.get("RAY_ADDRESS"))
+    return bool(cfg.scaling.address or os.environ.get("RAY_ADDRESS"))
 
 
 def choose_workers(cfg: TrainConfig, view: ClusterView) -> TrainConfig:
@@ -109,12 +109,12 @@ def choose_workers(cfg: TrainConfig, view: ClusterView) -> TrainConfig:
     workers, said in one line on a cluster joined by address (never a silent CPU run
     where GPU nodes could be had)."""
     gpus = int(view.total("GPU"))
-    use_gpu = cfg.use_gpu if cfg.use_gpu is not None else gpus > 0 or view.gpu_types
-    if cfg.amp == "fp16" and not use_gpu:
+    use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus > 0 or view.gpu_types
+    if cfg.optim.amp == "fp16" and not use_gpu:
         raise ConfigError("--amp fp16 needs GPU workers; use --amp bf16 or --amp off on CPU")
-    if cfg.use_gpu is None and not use_gpu and _joined_cluster(cfg):
+    if cfg.scaling.use_gpu is None and not use_gpu and _joined_cluster(cfg):
         print(f"CPU workers: {_why_no_gpus(view)}", flush=True)
-    if not cfg.num_workers and use_gpu and gpus == 0:
+    if not cfg.scaling.num_workers and use_gpu and gpus == 0:
         if view.gpu_types:  # GPU nodes can be had, but how many workers is not known
             raise ConfigError(
                 "GPU workers on a cluster with no GPUs up yet: give --num-workers N (one per "
@@ -122,8 +122,8 @@ def choose_workers(cfg: TrainConfig, view: ClusterView) -> TrainConfig:
                 "nodes (or --no-gpu)"
             )
         raise ConfigError(_no_gpus(view, count_given=False))
-    num_workers = cfg.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
-    return dataclasses.replace(cfg, num_workers=num_workers, use_gpu=use_gpu)
+    num_workers = cfg.scaling.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
+    return cfg.replace(num_workers=num_workers, use_gpu=use_gpu)
 
 
 def _why_no_gpus(view: ClusterView) -> str:
@@ -159,7 +159,7 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
     where none runs) and the wait prints a progress line every ~10 s. The request is
     withdrawn however the wait ends, so the cluster can scale back down; the Train
     controller then asks for the same workers itself."""
-    n, bundle = cfg.num_workers, worker_bundle(cfg)
+    n, bundle = cfg.scaling.num_workers, worker_bundle(cfg)
     assert n is not None
     missing = _shortage(cfg, bundle, view)
     if missing is None:
@@ -169,14 +169,14 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
         never = unplaceable(bundle, n, view.up, view.node_types, view.max_nodes)
         if never:
             raise ConfigError(never)
-    if not cfg.wait_for_resources:
+    if not cfg.scaling.wait_for_resources:
         hint = (
             "; the cluster's autoscaler can add nodes: --wait-for-resources SECONDS asks "
             "it for them and waits"
         )
         raise ConfigError(missing + (hint if known else ""))
 
-    wait = f"{cfg.wait_for_resources:g} s"
+    wait = f"{cfg.scaling.wait_for_resources:g} s"
     print(
         f"{missing}; asking the autoscaler for them; waiting up to {wait} for nodes"
         if known
@@ -184,8 +184,8 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
         flush=True,
     )
     started = time.monotonic()
-    deadline, next_line = started + cfg.wait_for_resources, started + PROGRESS_EVERY_S
-    with asking_for([bundle] * n, cfg.wait_for_resources + REQUEST_GRACE_S):
+    deadline, next_line = started + cfg.scaling.wait_for_resources, started + PROGRESS_EVERY_S
+    with asking_for([bundle] * n, cfg.scaling.wait_for_resources + REQUEST_GRACE_S):
         while True:
             time.sleep(max(0.0, min(RESOURCE_POLL_S, deadline - time.monotonic())))
             view = dataclasses.replace(view, up=nodes_up())
@@ -193,7 +193,7 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
             now = time.monotonic()
             if missing is None:
                 fit = "fit" if n != 1 else "fits"
-                print(f"{workers_text(n, bool(cfg.use_gpu))} {fit} on the nodes up after "
+                print(f"{workers_text(n, bool(cfg.scaling.use_gpu))} {fit} on the nodes up after "
                       f"{now - started:.0f} s", flush=True)  # fmt: skip
                 return
             if now >= deadline:
@@ -203,7 +203,7 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
                 )
             if now >= next_line:
                 up = capacity(bundle, [Nodes(node) for node in view.up])
-                print(progress_line(n, up, deadline - now, bool(cfg.use_gpu)), flush=True)
+                print(progress_line(n, up, deadline - now, bool(cfg.scaling.use_gpu)), flush=True)
                 next_line += PROGRESS_EVERY_S
 
 
@@ -213,7 +213,7 @@ def _shortage(cfg: TrainConfig, bundle: dict[str, float], view: ClusterView) -> 
     On a cluster whose autoscaler's node types are known: node by node, with the figures
     of the nodes up. Otherwise the cluster's totals first (the clearest figures), then
     node by node."""
-    n = cfg.num_workers
+    n = cfg.scaling.num_workers
     assert n is not None
     fit = capacity(bundle, [Nodes(node) for node in view.up])
     if fit >= n:
@@ -223,7 +223,7 @@ def _shortage(cfg: TrainConfig, bundle: dict[str, float], view: ClusterView) -> 
             f"{workers_text(n)} x ({worker_text(bundle)}) do not fit on the nodes up: "
             f"{fit} of {n} fit ({nodes_text(bundle, view.up)})"
         )
-    if cfg.use_gpu and view.total("GPU") == 0:
+    if cfg.scaling.use_gpu and view.total("GPU") == 0:
         return _no_gpus(view)
     for name, each in bundle.items():
         have = view.total(name)
@@ -233,7 +233,7 @@ def _shortage(cfg: TrainConfig, bundle: dict[str, float], view: ClusterView) -> 
 
 
 def _total_short(cfg: TrainConfig, name: str, each: float, have: float) -> str:
-    n = cfg.num_workers
+    n = cfg.scaling.num_workers
     assert n is not None
     if name == "GPU":
         return f"{n} GPU workers asked, the Ray cluster has {have:g} GPUs; lower --num-workers"
@@ -249,9 +249,9 @@ def _total_short(cfg: TrainConfig, name: str, each: float, have: float) -> str:
 def wait_until_free(cfg: TrainConfig) -> None:
     """The nodes can hold the workers; wait (up to max(30 s, --wait-for-resources)) until
     what is free on them does, node by node: another job may hold some of it."""
-    n, bundle = cfg.num_workers, worker_bundle(cfg)
+    n, bundle = cfg.scaling.num_workers, worker_bundle(cfg)
     assert n is not None
-    deadline = time.monotonic() + max(30.0, cfg.wait_for_resources)
+    deadline = time.monotonic() + max(30.0, cfg.scaling.wait_for_resources)
     while (free := _free_capacity(bundle)) < n:
         if time.monotonic() >= deadline:
             raise ConfigError(
@@ -277,8 +277,8 @@ def data_task_cpus(cfg: TrainConfig, view: ClusterView | None = None) -> float:
     cluster whose autoscaler can add nodes, says so and asks for 1."""
     if view is None:
         view = read_cluster()
-    workers = cfg.num_workers or 0
-    held = workers * cfg.cpus_per_worker
+    workers = cfg.scaling.num_workers or 0
+    held = workers * cfg.scaling.cpus_per_worker
     left = view.total("CPU") - held
     if left >= 1:
         return 1.0
@@ -302,6 +302,6 @@ def data_task_cpus(cfg: TrainConfig, view: ClusterView | None = None) -> float:
     raise ConfigError(
         f"--data-engine ray reads and decodes in Ray tasks, which need CPUs the workers do "
         f"not hold: the cluster has {total:g} CPUs and {workers} workers x "
-        f"{cfg.cpus_per_worker:g} take {held:g}; use {fix} to leave one for Ray Data, or "
+        f"{cfg.scaling.cpus_per_worker:g} take {held:g}; use {fix} to leave one for Ray Data, or "
         "add CPUs"
     )

@@ -101,10 +101,17 @@ def first_problem(obj: Any, names: Iterable[str] | None = None) -> str | None:
     wanted = None if names is None else set(names)
     for f in config_fields(obj):
         if wanted is None or f.name in wanted:
-            problem = value_problem(f, getattr(obj, f.name))
+            problem = value_problem(f, field_value(obj, f.name))
             if problem:
                 return problem
     return None
+
+
+def field_value(obj: Any, name: str) -> Any:
+    """Field ``name`` of a config: by its section in a ``TrainConfig`` (``cfg.value``), as
+    an attribute of a section or a ``SweepConfig``."""
+    value = getattr(type(obj), "value", None)
+    return obj.value(name) if callable(value) else getattr(obj, name)
 
 
 # --------------------------------------------------------------------- documentation

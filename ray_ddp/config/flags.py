@@ -22,6 +22,7 @@ from ray_ddp.config.fields import (
     Flag,
     config_fields,
     field_docs,
+    field_value,
     flag_name,
     flag_of,
     sections_of,
@@ -216,7 +217,7 @@ def add_fields(
             groups[title] = parser.add_argument_group(title) if title else parser
         group = groups[title]
         kind, optional = _field_type(hints[f.name])
-        default = None if overrides else getattr(defaults, f.name)
+        default = None if overrides else field_value(defaults, f.name)
         flag, negative = flag_name(f.name), facts.negative or "--no-" + f.name.replace("_", "-")
 
         if kind is bool and (optional or overrides):
@@ -274,6 +275,8 @@ def _sections_markdown(cls: type, swept: bool) -> list[str]:
     parser = argparse.ArgumentParser()
     add_fields(parser, cls)
     about = {title: inspect.getdoc(section) or "" for title, section in sections_of(cls)}
+    for attribute, section in getattr(cls, "SECTIONS", {}).items():  # a TrainConfig's
+        about[section.TITLE] += f" In code: ``cfg.{attribute}.<field>``."
     lines = []
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if hasattr(a, "facts")]

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ray_ddp.config.fields import NON_NEGATIVE, POSITIVE, Bound, option
+from ray_ddp.io.storage import join
 
 PLACEMENT_STRATEGIES = ("PACK", "SPREAD")
 STRATEGIES = ("ddp", "fsdp2")
@@ -163,6 +164,18 @@ class Scaling:
     is withdrawn when the wait ends), with a progress line every 10 s. 0: refuse at once,
     with what was asked and what exists. A request no node (up, or of a node type the
     autoscaler may start) can hold is refused at once whatever this says."""
+
+    @property
+    def worker_range(self) -> tuple[int, int]:
+        """The fewest and the most workers (equal unless elastic; needs num_workers)."""
+        if self.num_workers is None:
+            raise ValueError("num_workers is not resolved yet")
+        return (self.min_workers or self.num_workers, self.num_workers)
+
+    @property
+    def elastic(self) -> bool:
+        """A MIN-MAX range of workers (``--num-workers MIN-MAX`` with MIN < MAX)."""
+        return self.min_workers is not None and self.min_workers != self.num_workers
 
 
 @dataclass
@@ -388,6 +401,12 @@ class Checkpointing:
     export: bool = option(True, resume_safe=True)
     """Export the best checkpoint at the end. To ``<run>/export``, for use without Ray: a
     plain state_dict and a torch.export program."""
+
+    @property
+    def run_dir(self) -> str:
+        """``<storage_path>/<name>``: where the run's checkpoints, logs and records live (a
+        local path or a URI)."""
+        return join(self.storage_path, self.name or "")
 
 
 @dataclass

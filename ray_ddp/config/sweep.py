@@ -57,7 +57,7 @@ def validate_sweep(sweep: SweepConfig, cfg: TrainConfig) -> None:
     problem = first_problem(sweep)
     if problem:
         raise ConfigError(problem)
-    if not 1 <= sweep.grace_period <= cfg.epochs:
-        raise ConfigError(f"--grace-period must be in 1..--epochs ({cfg.epochs})")
-    if sweep.resume and not cfg.name:
+    if not 1 <= sweep.grace_period <= cfg.optim.epochs:
+        raise ConfigError(f"--grace-period must be in 1..--epochs ({cfg.optim.epochs})")
+    if sweep.resume and not cfg.checkpointing.name:
         raise ConfigError("--resume needs the --name of the sweep to continue")

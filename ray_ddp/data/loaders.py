@@ -62,11 +62,11 @@ class SeededSamples(Dataset):
 
 
 def loader_workers(cfg: TrainConfig) -> int:
-    if cfg.loader_workers is not None:
-        return cfg.loader_workers
+    if cfg.data.loader_workers is not None:
+        return cfg.data.loader_workers
     # The built-in dataset is tensors in memory: worker processes would only add IPC.
-    in_memory = cfg.task == BUILTIN_TASK and cfg.dataset == "synthetic"
-    return 0 if in_memory else min(4, int(cfg.cpus_per_worker))
+    in_memory = cfg.target.task == BUILTIN_TASK and cfg.data.dataset == "synthetic"
+    return 0 if in_memory else min(4, int(cfg.scaling.cpus_per_worker))
 
 
 def make_loaders(
@@ -79,7 +79,7 @@ def make_loaders(
     device: torch.device,
 ) -> tuple[DataLoader, GlobalOrderBatches, DataLoader]:
     workers = loader_workers(cfg)
-    pin = cfg.pin_memory if cfg.pin_memory is not None else device.type == "cuda"
+    pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else device.type == "cuda"
     common = {
         "num_workers": workers,
         "pin_memory": pin,
@@ -94,23 +94,26 @@ def make_loaders(
     # FSDP2 all-gathers parameters in every forward and backward: every rank must run as
     # many as the others in each step (a short one's are weight-0 fillers).
     order = {
-        "batch_size": cfg.batch_size, "global_batch": cfg.global_batch_size, "seed": cfg.seed,
+        "batch_size": cfg.optim.batch_size, "global_batch": cfg.global_batch_size,
+        "seed": cfg.optim.seed,
         "rank": rank, "world_size": world_size, "tag_epoch": augmented,
-        "lockstep": cfg.strategy == "fsdp2",
+        "lockstep": cfg.scaling.strategy == "fsdp2",
     }  # fmt: skip
     streamed = streamed_split(train_ds)
     if streamed is not None:  # a streamed Parquet split: the sampler reads the rows
-        train_batches = StreamedBatches(streamed, buffer=cfg.shuffle_buffer, **order)
+        train_batches = StreamedBatches(streamed, buffer=cfg.data.shuffle_buffer, **order)
     else:
         train_batches = GlobalOrderBatches(len(train_ds), **order)  # type: ignore[arg-type]
     train_loader = DataLoader(
-        SkipUnreadable(SeededSamples(train_ds, cfg.seed) if augmented else train_ds),
+        SkipUnreadable(SeededSamples(train_ds, cfg.optim.seed) if augmented else train_ds),
         batch_sampler=train_batches,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=torch.Generator().manual_seed(cfg.optim.seed),
         **common,
     )
     # No activations kept for backward: twice the batch fits.
-    val_loader = eval_loader(SkipUnreadable(val_ds), cfg.batch_size * 2, rank, world_size, **common)
+    val_loader = eval_loader(
+        SkipUnreadable(val_ds), cfg.optim.batch_size * 2, rank, world_size, **common
+    )
     # Both loaders keep their own samplers (Ray would add a DistributedSampler of seed 0).
     train_loader = ray.train.torch.prepare_data_loader(train_loader, add_dist_sampler=False)
     return train_loader, train_batches, val_loader

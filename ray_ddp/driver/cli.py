@@ -15,7 +15,6 @@ the result. One wrapper, :func:`exit_code`, maps how a job ended:
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -130,7 +129,7 @@ def train_config(args: argparse.Namespace) -> TrainConfig:
 def _train(argv: Sequence[str] | None) -> None:
     cfg = train_config(train_parser().parse_args(argv))
     if sys.stdout.isatty():
-        cfg = dataclasses.replace(cfg, progress_interval_s=5.0)
+        cfg = cfg.replace(progress_interval_s=5.0)
     validate(cfg)  # bad flags are refused before torch and Ray are imported
 
     from ray_ddp.driver.run import run_training
@@ -141,8 +140,8 @@ def _train(argv: Sequence[str] | None) -> None:
     mark("flags parsed")
     summary = run_training(cfg)
     print(reporting.summary_text(summary), flush=True)
-    if cfg.summary_json:
-        write_summary(summary, cfg.summary_json)
+    if cfg.logging.summary_json:
+        write_summary(summary, cfg.logging.summary_json)
     mark("summary printed")
 
 
@@ -175,9 +174,9 @@ def _tune(argv: Sequence[str] | None) -> None:
     args = tune_parser().parse_args(argv)
     sweep = from_args(SweepConfig, args)
     # Trials interleave their output: per-epoch lines only, no in-epoch progress bars.
-    cfg = dataclasses.replace(train_config(args), progress_interval_s=0)
+    cfg = train_config(args).replace(progress_interval_s=0)
     validate(cfg)
-    if cfg.elastic:
+    if cfg.scaling.elastic:
         raise ConfigError(
             "--num-workers MIN-MAX (elastic) is for jobs/train.py; a sweep's trials take a "
             "fixed --num-workers"
@@ -190,8 +189,8 @@ def _tune(argv: Sequence[str] | None) -> None:
 
     summary = run_sweep(cfg, sweep)
     print(results_table(summary), flush=True)
-    if cfg.summary_json:
-        write_summary(summary, cfg.summary_json)
+    if cfg.logging.summary_json:
+        write_summary(summary, cfg.logging.summary_json)
 
 
 def tune_main(argv: Sequence[str] | None = None) -> int:

@@ -11,7 +11,6 @@ any cluster work, and the Ray Train settings are built from :func:`scaling_worke
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import Any
 
@@ -24,35 +23,39 @@ def keep_global_batch(cfg: TrainConfig, saved: dict[str, Any] | None, what: str)
     of the run being continued, called ``what`` in messages) when only the number of
     workers changed; unchanged otherwise (a changed --batch-size or --accum-steps is a
     change of what is trained, which the re-run guard judges)."""
-    if saved is None or cfg.num_workers is None:
+    if saved is None or cfg.scaling.num_workers is None:
         return cfg
     batch = saved_global_batch(saved)
     if (
         batch is None
-        or saved.get("num_workers") == cfg.num_workers
-        or saved.get("batch_size") != cfg.batch_size
-        or saved.get("accum_steps") != cfg.accum_steps
+        or saved.get("num_workers") == cfg.scaling.num_workers
+        or saved.get("batch_size") != cfg.optim.batch_size
+        or saved.get("accum_steps") != cfg.optim.accum_steps
     ):
         return cfg
-    per_round = cfg.batch_size * cfg.num_workers
+    per_round = cfg.optim.batch_size * cfg.scaling.num_workers
     if batch % per_round:
         counts = [
-            n for n in range(1, batch // cfg.batch_size + 1) if batch % (cfg.batch_size * n) == 0
+            n
+            for n in range(1, batch // cfg.optim.batch_size + 1)
+            if batch % (cfg.optim.batch_size * n) == 0
         ]
         raise ConfigError(
-            f"{what} trains with a global batch of {batch} ({cfg.batch_size} x "
-            f"{saved['num_workers']} workers x {saved['accum_steps']}), which {cfg.num_workers} "
-            f"workers of --batch-size {cfg.batch_size} cannot make: use "
+            f"{what} trains with a global batch of {batch} ({cfg.optim.batch_size} x "
+            f"{saved['num_workers']} workers x {saved['accum_steps']}), which "
+            f"{cfg.scaling.num_workers} "
+            f"workers of --batch-size {cfg.optim.batch_size} cannot make: use "
             f"{', '.join(map(str, counts))} workers, or change --batch-size/--accum-steps "
             "(a different training) with --allow-config-change"
         )
-    kept = dataclasses.replace(cfg, accum_steps=batch // per_round)
-    if kept.min_workers is not None:
+    workers = cfg.scaling.num_workers
+    kept = cfg.replace(accum_steps=batch // per_round)
+    if kept.scaling.min_workers is not None:
         check_worker_range(kept)
     print(
-        f"{what} continues on {cfg.num_workers} worker{'s' if cfg.num_workers > 1 else ''}: "
-        f"accumulation {cfg.accum_steps} -> "
-        f"{kept.accum_steps} keeps its global batch of {batch}",
+        f"{what} continues on {workers} worker{'s' if workers > 1 else ''}: "
+        f"accumulation {cfg.optim.accum_steps} -> "
+        f"{kept.optim.accum_steps} keeps its global batch of {batch}",
         flush=True,
     )
     return kept
@@ -60,8 +63,8 @@ def keep_global_batch(cfg: TrainConfig, saved: dict[str, Any] | None, what: str)
 
 def scaling_workers(cfg: TrainConfig) -> int | tuple[int, int]:
     """Ray Train's ``ScalingConfig(num_workers=...)``: a count, or (MIN, MAX) when elastic."""
-    low, high = cfg.worker_range
-    return (low, high) if cfg.elastic else high
+    low, high = cfg.scaling.worker_range
+    return (low, high) if cfg.scaling.elastic else high
 
 
 ELASTIC_START_TIMEOUT_S = 30

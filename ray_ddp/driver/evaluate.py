@@ -50,15 +50,15 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 
     cfg = TrainConfig.from_dict(config["train"])
     task = config["task"]
-    worker = start_worker(cfg.cpus_per_worker)
+    worker = start_worker(cfg.scaling.cpus_per_worker)
     # A remote checkpoint: this rank's own download (worker.resume), as a resume reads it.
     model, amp, whole = _checkpoint_model(open_checkpoint(config["checkpoint"]), task, cfg, worker)
     held = all_gather(held_bytes(model))
-    train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), config["facts"])
+    train_ds, val_ds = task.datasets(cfg.replace(download=False), config["facts"])
     dataset = val_ds if config["split"] == "val" else train_ds
     # Unreadable samples are skipped and named, as in training (ray_ddp.data.unreadable).
     loader = eval_loader(
-        SkipUnreadable(dataset), cfg.batch_size, worker.rank, worker.world_size,
+        SkipUnreadable(dataset), cfg.optim.batch_size, worker.rank, worker.world_size,
         collate_fn=SkipUnreadableCollate(task.collate),
     )  # fmt: skip
     result = evaluate(
@@ -109,10 +109,12 @@ def _checkpoint_model(
     whole = held_bytes(model)
     if not is_sharded(state):
         model.load_state_dict(state["model"])
-        return model.to(worker.device), cfg.amp, whole
+        return model.to(worker.device), cfg.optim.amp, whole
     # --amp bf16 is then mostly FSDP2's MixedPrecisionPolicy, without autocast (as training).
-    amp = "off" if bf16_policy(model, cfg.amp) else cfg.amp
-    model = shard_model(model, task_blocks(task, model), cfg.amp, worker.device, worker.world_size)
+    amp = "off" if bf16_policy(model, cfg.optim.amp) else cfg.optim.amp
+    model = shard_model(
+        model, task_blocks(task, model), cfg.optim.amp, worker.device, worker.world_size
+    )
     try:
         load_model_shards(restored.directory, model)
     finally:
@@ -157,12 +159,12 @@ def run_evaluation(
     cfg, prepared = prepare_cluster_run(cfg)
     if predictions_path and type(prepared.task).predictions is Task.predictions:
         raise ConfigError(
-            f"--predictions: task {cfg.task} defines no predictions() (per-sample columns)"
+            f"--predictions: task {cfg.target.task} defines no predictions() (per-sample columns)"
         )
     if split == "train":
-        cfg = dataclasses.replace(cfg, augment="none")  # evaluated as it is, not augmented
+        cfg = cfg.replace(augment="none")  # evaluated as it is, not augmented
     # Read by every worker: on several nodes a local checkpoint is copied to the storage.
-    run_dir = cfg.run_dir
+    run_dir = cfg.checkpointing.run_dir
     checkpoint = shared_checkpoint(checkpoint, run_dir, alive_nodes(), "checkpoint", "checkpoint")
     trainer = build_trainer(
         cfg,
@@ -180,8 +182,8 @@ def run_evaluation(
         },
     )
     results = trainer.fit().return_value
-    results.update(checkpoint=checkpoint, split=split, world_size=cfg.num_workers)
-    check_unreadable(results, cfg.max_bad_samples)  # before anything is written
+    results.update(checkpoint=checkpoint, split=split, world_size=cfg.scaling.num_workers)
+    check_unreadable(results, cfg.data.max_bad_samples)  # before anything is written
     columns = results.pop("columns")
     if predictions_path:
         rows = results.pop("predictions")

@@ -5,7 +5,6 @@ every worker instead of the built-in loop (``worker.own_loop``)."""
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -32,21 +31,21 @@ def launch(
     from ray_ddp.driver.run import run_training
 
     loop = OwnLoop(function, best_metric, best_mode)
-    cfg = dataclasses.replace(config or TrainConfig(), **fields)
-    cfg = dataclasses.replace(cfg, task=loop.spec, export=False)
+    cfg = (config or TrainConfig()).replace(**fields)
+    cfg = cfg.replace(task=loop.spec, export=False)
     refuse_unsupported(cfg)
     return run_training(cfg, loop, harness)
 
 
 def refuse_unsupported(cfg: TrainConfig) -> None:
     """What an own loop does not run yet, refused before Ray starts."""
-    if cfg.strategy != "ddp":
+    if cfg.scaling.strategy != "ddp":
         raise ConfigError("--strategy fsdp2 is for the built-in loop; an own loop runs DDP")
-    if cfg.tracking != "none" or cfg.profile_steps:
-        flag = "--tracking" if cfg.tracking != "none" else "--profile-steps"
+    if cfg.logging.tracking != "none" or cfg.logging.profile_steps:
+        flag = "--tracking" if cfg.logging.tracking != "none" else "--profile-steps"
         raise ConfigError(f"{flag} is for the built-in loop so far; an own loop reports "
                           "its metrics to Ray (run.report)")  # fmt: skip
-    if cfg.data_engine != "torch":
+    if cfg.data.data_engine != "torch":
         raise ConfigError("--data-engine ray is for the built-in loop; an own loop reads "
                           "its datasets in the global order (--data-engine torch)")  # fmt: skip
 
@@ -71,7 +70,7 @@ def main(
 
         summary = launch(function, cfg, best_metric=best_metric, best_mode=best_mode)
         print(reporting.summary_text(summary), flush=True)
-        if cfg.summary_json:
-            write_summary(summary, cfg.summary_json)
+        if cfg.logging.summary_json:
+            write_summary(summary, cfg.logging.summary_json)
 
     return exit_code(job)

@@ -41,41 +41,45 @@ class PreparedTask:
 
     def meta(self, cfg: TrainConfig) -> dict[str, Any]:
         """What a checkpoint of this run records about its model."""
-        return task_meta(cfg.task, self.facts)
+        return task_meta(cfg.target.task, self.facts)
 
 
 def preflight(
     cfg: TrainConfig, batch_sizes: Sequence[int] = (), task: Task | None = None
 ) -> PreparedTask:
-    """Check ``cfg`` and its task (``task``, else the one ``cfg.task`` names), and the
+    """Check ``cfg`` and its task (``task``, else the one ``cfg.target.task`` names), and the
     per-worker ``batch_sizes`` a sweep will try (default: the config's own) against the
     data."""
     validate(cfg)
     check_tracking(cfg)
     if (
-        cfg.amp == "fp16"
-        and cfg.use_gpu is None
-        and not cfg.address
+        cfg.optim.amp == "fp16"
+        and cfg.scaling.use_gpu is None
+        and not cfg.scaling.address
         and not os.environ.get("RAY_ADDRESS")  # a submitted job: the GPUs are the cluster's
         and not _local_gpus()
     ):
         raise ConfigError(
             "--amp fp16 needs GPUs and this machine has none; use --amp bf16 or --amp off"
         )
-    task = task if task is not None else load_task(cfg.task)
+    task = task if task is not None else load_task(cfg.target.task)
     facts = check_facts(task, user_code(task, "describe", lambda: task.describe(cfg)))
     train_size, val_size = user_code(task, "check", lambda: task.check(cfg, facts))
     prepared = PreparedTask(task, facts, train_size, val_size)
     check_rerun(cfg, global_batch=False)  # compared once the worker count is resolved
-    if cfg.resume_from:
+    if cfg.checkpointing.resume_from:
         try:
-            state = load_checkpoint_state(cfg.resume_from)
-            check_compatible(state, prepared.meta(cfg), f"--resume-from {cfg.resume_from}")
-            check_strategy(state, cfg.strategy, f"--resume-from {cfg.resume_from}")
+            state = load_checkpoint_state(cfg.checkpointing.resume_from)
+            check_compatible(
+                state, prepared.meta(cfg), f"--resume-from {cfg.checkpointing.resume_from}"
+            )
+            check_strategy(
+                state, cfg.scaling.strategy, f"--resume-from {cfg.checkpointing.resume_from}"
+            )
         except CheckpointError as exc:
             raise ConfigError(str(exc)) from exc
         prepared = dataclasses.replace(prepared, resume_config=state.get("config"))
-    for batch_size in batch_sizes or [cfg.batch_size]:
+    for batch_size in batch_sizes or [cfg.optim.batch_size]:
         check_batch_fits(cfg, train_size, batch_size)
     return prepared
 
@@ -84,19 +88,20 @@ def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) 
     """A per-worker batch larger than a worker's shard of the data is never filled: it is
     refused rather than run as something else. Needs num_workers; a no-op while it is
     "auto"."""
-    if train_size is None or not cfg.num_workers:
+    if train_size is None or not cfg.scaling.num_workers:
         return
-    shard = -(-train_size // cfg.num_workers)  # at the most workers, for an elastic run
+    shard = -(-train_size // cfg.scaling.num_workers)  # at the most workers, for an elastic run
     if batch_size > shard:
         raise ConfigError(
             f"--batch-size {batch_size} (per worker) is larger than a worker's "
             f"share of the {train_size} training samples ({shard}); lower it"
         )
-    batch = global_batch(batch_size, cfg.num_workers, cfg.accum_steps)
+    accum = cfg.optim.accum_steps
+    batch = global_batch(batch_size, cfg.scaling.num_workers, accum)
     if batch > train_size:
         raise ConfigError(
-            f"--accum-steps {cfg.accum_steps} makes a global batch of {batch} ({batch_size} x "
-            f"{cfg.num_workers} workers x {cfg.accum_steps}), more than the {train_size} "
+            f"--accum-steps {accum} makes a global batch of {batch} ({batch_size} x "
+            f"{cfg.scaling.num_workers} workers x {accum}), more than the {train_size} "
             "training samples, so no optimizer step would be full; lower --accum-steps or "
             "--batch-size"
         )

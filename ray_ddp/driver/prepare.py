@@ -5,7 +5,6 @@ make the storage absolute and shared."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Sequence
 
 from ray_ddp.cluster.connect import connect
@@ -25,7 +24,7 @@ def prepare_cluster_run(
     task: Task | None = None,
     dashboard: bool = False,
 ) -> tuple[TrainConfig, PreparedTask]:
-    """Preflight (of ``task``, else the one ``cfg.task`` names), connect, resolve the
+    """Preflight (of ``task``, else the one ``cfg.target.task`` names), connect, resolve the
     workers, re-check the batch now that the worker count is known, and make the storage
     absolute and shared; ``dashboard``: a local Ray must start its dashboard (a sweep
     needs its State API, see :func:`connect`). Returns the resolved config
@@ -33,12 +32,12 @@ def prepare_cluster_run(
     checked task."""
     prepared = preflight(cfg, batch_sizes, task)
     mark("task and data checked")
-    connect(cfg.address, dashboard)
+    connect(cfg.scaling.address, dashboard)
     mark("Ray connected")
     cfg = resolve_scaling(cfg)
-    for batch_size in batch_sizes or [cfg.batch_size]:
+    for batch_size in batch_sizes or [cfg.optim.batch_size]:
         check_batch_fits(cfg, prepared.train_size, batch_size)
     check_profile_steps(cfg, prepared.train_size)
-    cfg = dataclasses.replace(cfg, storage_path=storage_location(cfg.storage_path))
-    check_shared_storage(cfg.storage_path)
+    cfg = cfg.replace(storage_path=storage_location(cfg.checkpointing.storage_path))
+    check_shared_storage(cfg.checkpointing.storage_path)
     return cfg, prepared

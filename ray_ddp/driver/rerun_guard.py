@@ -29,7 +29,7 @@ RESUME_SAFE = resume_safe_fields(TrainConfig)
 
 
 def record_path(cfg: TrainConfig) -> str:
-    return join(cfg.run_dir, RECORD_FILE)
+    return join(cfg.checkpointing.run_dir, RECORD_FILE)
 
 
 def config_changes(
@@ -52,8 +52,8 @@ def config_changes(
 
 
 def recorded_config(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The config run ``cfg.name`` was recorded with; None for a new run."""
-    if not cfg.name:
+    """The config run ``cfg.checkpointing.name`` was recorded with; None for a new run."""
+    if not cfg.checkpointing.name:
         return None
     path = record_path(cfg)
     text = read_text(path)
@@ -66,17 +66,19 @@ def recorded_config(cfg: TrainConfig) -> dict[str, Any] | None:
 
 
 def check_rerun(cfg: TrainConfig, global_batch: bool = True) -> None:
-    """Refuse a re-run of ``cfg.name`` whose training config differs from the recorded one.
+    """Refuse a re-run of run ``cfg.checkpointing.name`` whose training config differs from
+    the recorded one.
     ``global_batch=False`` leaves the global batch out: before the driver has kept it
     (``world_size.keep_global_batch``) on a re-run with another worker count."""
     saved = recorded_config(cfg)
     if saved is None:
         return
     changes = config_changes(saved, cfg.to_dict(), global_batch)
-    if changes and not cfg.allow_config_change:
+    if changes and not cfg.checkpointing.allow_config_change:
         shown = "; ".join(changes[:4]) + ("; ..." if len(changes) > 4 else "")
         raise ConfigError(
-            f"run '{cfg.name}' exists with another config ({shown}): re-run with its flags "
+            f"run '{cfg.checkpointing.name}' exists with another config ({shown}): re-run with "
+            "its flags "
             "to resume it, pick a new --name, or pass --allow-config-change to continue it "
             "with these"
         )

@@ -37,10 +37,10 @@ class Interrupted(Exception):
     """The user stopped the run (Ctrl-C); its checkpoints are intact."""
 
     def __init__(self, cfg: TrainConfig):
-        run_dir = cfg.run_dir
+        run_dir = cfg.checkpointing.run_dir
         super().__init__(
             f"interrupted: the workers were stopped; checkpoints in {run_dir} are intact. "
-            f"Resume with the same flags and --name {cfg.name}"
+            f"Resume with the same flags and --name {cfg.checkpointing.name}"
         )
 
 
@@ -74,41 +74,43 @@ def fit(
 
     cfg = dataclasses.replace(config or TrainConfig(), **fields)
     if isinstance(task, str):
-        return run_training(dataclasses.replace(cfg, task=task), harness=harness)
+        return run_training(cfg.replace(task=task), harness=harness)
     task = as_task(task, f"fit({type(task).__name__})")
-    return run_training(dataclasses.replace(cfg, task=spec_of(task)), task, harness)
+    return run_training(cfg.replace(task=spec_of(task)), task, harness)
 
 
 def run_training(
     cfg: TrainConfig, task: Task | None = None, harness: Harness | None = None
 ) -> dict[str, Any]:
-    """Validate, connect, fit ``task`` (default: the one ``cfg.task`` names). Returns the
+    """Validate, connect, fit ``task`` (default: the one ``cfg.target.task`` names). Returns the
     summary. Raises ConfigError on bad input and ray.train.TrainingFailedError when
     training fails. ``harness``: a test's (default: ``RAY_DDP_HARNESS``'s, usually none)."""
     harness = harness if harness is not None else from_env()
-    if harness.sample_ledger and cfg.data_engine == "ray":
+    if harness.sample_ledger and cfg.data.data_engine == "ray":
         raise ConfigError(
             "the sample ledger needs sample indices, which --data-engine ray does not have"
         )
     cfg, prepared = prepare_cluster_run(cfg, task=task)
     # Record what "auto" resolved to where it decides what is trained, so a re-run that
     # asks for something else explicitly is refused (None is not compared).
-    cfg = dataclasses.replace(cfg, name=cfg.name or default_name(cfg, prepared.task))
-    if cfg.task == BUILTIN_TASK:
-        cfg = dataclasses.replace(cfg, augment=augment_policy(cfg))
+    cfg = cfg.replace(name=cfg.checkpointing.name or default_name(cfg, prepared.task))
+    if cfg.target.task == BUILTIN_TASK:
+        cfg = cfg.replace(augment=augment_policy(cfg))
     # A re-run on another number of workers keeps the run's global batch.
     recorded = recorded_config(cfg)
     if recorded is not None:
-        cfg = keep_global_batch(cfg, recorded, f"run {cfg.name}")
+        cfg = keep_global_batch(cfg, recorded, f"run {cfg.checkpointing.name}")
     elif prepared.resume_config is not None:
-        cfg = keep_global_batch(cfg, prepared.resume_config, f"--resume-from {cfg.resume_from}")
+        cfg = keep_global_batch(
+            cfg, prepared.resume_config, f"--resume-from {cfg.checkpointing.resume_from}"
+        )
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
-    run_dir = cfg.run_dir
-    print(f"run {cfg.name} -> {run_dir}", flush=True)
+    run_dir = cfg.checkpointing.run_dir
+    print(f"run {cfg.checkpointing.name} -> {run_dir}", flush=True)
     cfg = shared_resume_from(cfg, run_dir, alive_nodes())
-    if cfg.elastic:
+    if cfg.scaling.elastic:
         quick_elastic_restarts()
     tracking = settings_for(cfg)
     open_tracking(tracking)
@@ -136,7 +138,7 @@ def run_training(
     if summary["best"]:
         best = summary["best"]["checkpoint"]
         summary["report"] = _final_report(prepared.task, cfg, best)
-        if cfg.export:
+        if cfg.checkpointing.export:
             summary["export"] = _export(prepared.task, best, summary["run_dir"])
     for line in profile_lines(summary):
         print(line, flush=True)
@@ -180,7 +182,9 @@ def _export(task: Task, checkpoint: str, run_dir: str) -> dict[str, str]:
 
 def shared_resume_from(cfg: TrainConfig, run_dir: str, nodes: int) -> TrainConfig:
     """``--resume-from`` as every worker can read it (:func:`shared_checkpoint`)."""
-    if not cfg.resume_from:
+    if not cfg.checkpointing.resume_from:
         return cfg
-    shared = shared_checkpoint(cfg.resume_from, run_dir, nodes, "resume_from", "--resume-from")
-    return dataclasses.replace(cfg, resume_from=shared)
+    shared = shared_checkpoint(
+        cfg.checkpointing.resume_from, run_dir, nodes, "resume_from", "--resume-from"
+    )
+    return cfg.replace(resume_from=shared)

@@ -28,7 +28,7 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
 
     def full(path: str) -> str:
         # Ray's paths drop the scheme and options of a URI storage (s3://...): put them back.
-        return uri_of(cfg.storage_path, path)
+        return uri_of(cfg.checkpointing.storage_path, path)
 
     def pick(metrics: dict[str, Any]) -> dict[str, Any]:
         kept = ("epoch", "evaluated_samples")
@@ -36,16 +36,16 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
 
     train_seconds = info.get("train_seconds", 0.0)
     return {
-        "name": cfg.name,
+        "name": cfg.checkpointing.name,
         "run_dir": full(result.path),
         # The workers of the attempt that finished (an elastic run may end on fewer).
-        "world_size": info.get("world_size", cfg.num_workers),
-        "worker_range": list(cfg.worker_range),
-        "device": "gpu" if cfg.use_gpu else "cpu",
-        "per_worker_batch_size": cfg.batch_size,
-        "accum_steps": final_metrics.get("accum_steps", cfg.accum_steps),
+        "world_size": info.get("world_size", cfg.scaling.num_workers),
+        "worker_range": list(cfg.scaling.worker_range),
+        "device": "gpu" if cfg.scaling.use_gpu else "cpu",
+        "per_worker_batch_size": cfg.optim.batch_size,
+        "accum_steps": final_metrics.get("accum_steps", cfg.optim.accum_steps),
         "global_batch_size": cfg.global_batch_size,
-        "epochs": cfg.epochs,
+        "epochs": cfg.optim.epochs,
         # The worker's own count: a --max-steps stop inside an epoch reports its figures
         # under that epoch's number without completing it.
         "epochs_completed": info.get("epochs_completed", final_metrics.get("epoch", 0)),

@@ -38,15 +38,16 @@ OPEN_TIMEOUT_S = 20.0
 def check_tracking(cfg: TrainConfig) -> None:
     """``--tracking`` without its package, or MLflow without a server: one line, before
     Ray starts."""
-    if cfg.tracking == "none":
+    if cfg.logging.tracking == "none":
         return
-    package = PACKAGES[cfg.tracking]
+    package = PACKAGES[cfg.logging.tracking]
     if importlib.util.find_spec(package) is None:
         raise ConfigError(
-            f"--tracking {cfg.tracking} needs the {package} package, which is not installed: "
-            f"pip install -e '.[{cfg.tracking}]' (or pip install {package})"
+            f"--tracking {cfg.logging.tracking} needs the {package} package, which is not "
+            "installed: "
+            f"pip install -e '.[{cfg.logging.tracking}]' (or pip install {package})"
         )
-    if cfg.tracking == "mlflow" and resolve_uri("mlflow", cfg.tracking_uri) is None:
+    if cfg.logging.tracking == "mlflow" and resolve_uri("mlflow", cfg.logging.tracking_uri) is None:
         raise ConfigError(
             "--tracking mlflow needs a server: --tracking-uri URI or MLFLOW_TRACKING_URI "
             "(e.g. http://127.0.0.1:5000 of `mlflow server`, see docs/tracking.md)"
@@ -55,10 +56,12 @@ def check_tracking(cfg: TrainConfig) -> None:
 
 def check_profile_steps(cfg: TrainConfig, train_size: int | None) -> None:
     """``--profile-steps`` within the run's optimizer steps (known once the workers are)."""
-    if not cfg.profile_steps or train_size is None or not cfg.num_workers:
+    if not cfg.logging.profile_steps or train_size is None or not cfg.scaling.num_workers:
         return
-    plan = EpochPlan(train_size, cfg.batch_size, cfg.global_batch_size, cfg.seed, epoch=0)
-    steps = plan.steps * cfg.epochs
+    plan = EpochPlan(
+        train_size, cfg.optim.batch_size, cfg.global_batch_size, cfg.optim.seed, epoch=0
+    )
+    steps = plan.steps * cfg.optim.epochs
     problem = profile_problem(cfg, steps)
     if problem:
         raise ConfigError(problem)
@@ -67,18 +70,18 @@ def check_profile_steps(cfg: TrainConfig, train_size: int | None) -> None:
 def settings_for(cfg: TrainConfig, parent_run_id: str | None = None) -> Settings | None:
     """Where rank 0 tracks this run (resolved here: the workers may not share the
     driver's environment or working directory); None without ``--tracking``."""
-    if cfg.tracking == "none":
+    if cfg.logging.tracking == "none":
         return None
-    assert cfg.name is not None
+    assert cfg.checkpointing.name is not None
     return Settings(
-        kind=cfg.tracking,
-        uri=resolve_uri(cfg.tracking, cfg.tracking_uri),
-        experiment=resolve_experiment(cfg.tracking, cfg.experiment),
-        run_name=cfg.name,
-        run_dir=cfg.run_dir,
-        tags=run_tags(cfg.name, cfg.run_dir, git_commit()),
+        kind=cfg.logging.tracking,
+        uri=resolve_uri(cfg.logging.tracking, cfg.logging.tracking_uri),
+        experiment=resolve_experiment(cfg.logging.tracking, cfg.logging.experiment),
+        run_name=cfg.checkpointing.name,
+        run_dir=cfg.checkpointing.run_dir,
+        tags=run_tags(cfg.checkpointing.name, cfg.checkpointing.run_dir, git_commit()),
         parent_run_id=parent_run_id,
-        env=passed_on(cfg.tracking),
+        env=passed_on(cfg.logging.tracking),
     )
 
 
@@ -179,9 +182,9 @@ def open_sweep(
     """A sweep's parent run (its search space and base config as params): its settings
     and id, which every trial's run names as its parent. (None, None) without
     ``--tracking``, or (settings, None) where the server could not make it."""
-    if cfg.tracking == "none":
+    if cfg.logging.tracking == "none":
         return None, None
-    settings = settings_for(dataclasses.replace(cfg, name=name))
+    settings = settings_for(cfg.replace(name=name))
     assert settings is not None
     settings = dataclasses.replace(
         settings, run_dir=sweep_dir, tags={**settings.tags, "ray_ddp.sweep": "true"}

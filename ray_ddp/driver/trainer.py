@@ -51,7 +51,7 @@ def build_trainer(
             cfg, task, prepared.facts, harness, reclaim_watcher_on(), tracked
         )
     ray_data: dict[str, Any] = {}
-    if cfg.data_engine == "ray" and loop is None:  # built when the workers start
+    if cfg.data.data_engine == "ray" and loop is None:  # built when the workers start
         from ray_ddp.cluster.resources import data_task_cpus
         from ray_ddp.data.ray_data.driver import trainer_datasets
         from ray_ddp.image_classification.transforms import has_random_transform, image_decoder
@@ -66,26 +66,26 @@ def build_trainer(
         torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg)),
         scaling_config=ScalingConfig(
             num_workers=scaling_workers(cfg),
-            use_gpu=cfg.use_gpu,
+            use_gpu=cfg.scaling.use_gpu,
             resources_per_worker=worker_resources(cfg),
-            placement_strategy=cfg.placement_strategy,
-            elastic_resize_monitor_interval_s=cfg.resize_check_s,  # elastic runs only
+            placement_strategy=cfg.scaling.placement_strategy,
+            elastic_resize_monitor_interval_s=cfg.scaling.resize_check_s,  # elastic runs only
         ),
         run_config=RunConfig(
-            name=cfg.name,
-            storage_path=cfg.storage_path,
+            name=cfg.checkpointing.name,
+            storage_path=cfg.checkpointing.storage_path,
             checkpoint_config=CheckpointConfig(
-                num_to_keep=cfg.keep_checkpoints,
+                num_to_keep=cfg.checkpointing.keep_checkpoints,
                 checkpoint_score_attribute=f"val_{task.best_metric}",
                 checkpoint_score_order=task.best_mode,
             ),
             # Ray Train's per-report INFO lines would drown the epoch lines.
             logging_config=LoggingConfig(log_level="WARNING"),
             callbacks=[
-                stop_hopeless_retries(cfg.run_dir),
+                stop_hopeless_retries(cfg.checkpointing.run_dir),
                 *(callbacks or []),
             ],
             failure_config=FailureConfig(max_failures=cfg.failures_allowed),
-            worker_runtime_env={"env_vars": nccl_env(cfg)} if cfg.use_gpu else None,
+            worker_runtime_env={"env_vars": nccl_env(cfg)} if cfg.scaling.use_gpu else None,
         ),
     )

@@ -23,14 +23,15 @@ from ray_ddp.io.storage import exists, join, storage_location, uri_of
 
 def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, float]) -> int:
     """How many trials can run at once without any of them waiting for resources."""
-    assert cfg.num_workers is not None
+    assert cfg.scaling.num_workers is not None
     cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
-    trial_cpus = sweep.trial_cpus + cfg.num_workers * cfg.cpus_per_worker
-    trial_gpus = cfg.num_workers if cfg.use_gpu else 0
+    trial_cpus = sweep.trial_cpus + cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
+    trial_gpus = cfg.scaling.num_workers if cfg.scaling.use_gpu else 0
     if trial_cpus > cpus + 1e-9 or trial_gpus > gpus:
         raise ConfigError(
             f"one trial needs {trial_cpus:g} CPUs ({sweep.trial_cpus:g} for its driver + "
-            f"{cfg.num_workers} workers x {cfg.cpus_per_worker:g}) and {trial_gpus} GPUs; the "
+            f"{cfg.scaling.num_workers} workers x {cfg.scaling.cpus_per_worker:g}) and "
+            f"{trial_gpus} GPUs; the "
             f"cluster has {cpus:g} CPUs and {gpus:g} GPUs: lower --num-workers or "
             "--cpus-per-worker"
         )
@@ -38,11 +39,12 @@ def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, 
     if trial_gpus:
         fit = min(fit, math.floor(gpus / trial_gpus))
     # A custom resource the workers ask for (--resources-per-worker) bounds it the same way.
-    for name, amount in (cfg.resources_per_worker or {}).items():
-        have, need = resources.get(name, 0.0), cfg.num_workers * amount
+    for name, amount in (cfg.scaling.resources_per_worker or {}).items():
+        have, need = resources.get(name, 0.0), cfg.scaling.num_workers * amount
         if need > have + 1e-9:
             raise ConfigError(
-                f"one trial needs {need:g} {name} ({cfg.num_workers} workers x {amount:g}); "
+                f"one trial needs {need:g} {name} ({cfg.scaling.num_workers} workers x "
+                f"{amount:g}); "
                 f"the cluster has {have:g}: lower --num-workers"
             )
         fit = min(fit, math.floor((have + 1e-9) / need))
@@ -60,10 +62,9 @@ def _run_trial(config: dict[str, Any]) -> None:
     from ray_ddp.task.loading import load_task
 
     base = TrainConfig.from_dict(config["train"])
-    prepared = PreparedTask(load_task(base.task), config["facts"], None, None)
+    prepared = PreparedTask(load_task(base.target.task), config["facts"], None, None)
     trial_id = ray.tune.get_context().get_trial_id()
-    cfg = dataclasses.replace(
-        base,
+    cfg = base.replace(
         lr=trial_lr(config),
         batch_size=config["batch_size"],
         # Named by trial id: a resumed sweep re-runs an unfinished trial under the same
@@ -93,17 +94,19 @@ def refuse_existing(sweep_dir: str) -> None:
 def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
     validate_sweep(sweep, cfg)
-    if cfg.name and not sweep.resume:
-        refuse_existing(join(storage_location(cfg.storage_path), cfg.name))
+    if cfg.checkpointing.name and not sweep.resume:
+        refuse_existing(
+            join(storage_location(cfg.checkpointing.storage_path), cfg.checkpointing.name)
+        )
     cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes, dashboard=True)
     task = prepared.task
     metric, mode = f"val_{task.best_metric}", task.best_mode
     import ray
 
     concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
-    name = cfg.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
-    sweep_dir = join(cfg.storage_path, name)
-    cfg = dataclasses.replace(cfg, name=None, summary_json=None)
+    name = cfg.checkpointing.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    sweep_dir = join(cfg.checkpointing.storage_path, name)
+    cfg = cfg.replace(name=None, summary_json=None)
     _announce(cfg, sweep, name, sweep_dir, concurrency)
     if not sweep.resume:
         refuse_existing(sweep_dir)  # a generated name too (before the tracker writes there)
@@ -114,10 +117,10 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
                    parent)  # fmt: skip
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
-    trials = [trial_row(result, cfg.epochs, metric, mode) for result in grid]
+    trials = [trial_row(result, cfg.optim.epochs, metric, mode) for result in grid]
     for t in trials:  # Tune's paths drop the scheme and options of a URI storage
         if t["best_checkpoint"]:
-            t["best_checkpoint"] = uri_of(cfg.storage_path, t["best_checkpoint"])
+            t["best_checkpoint"] = uri_of(cfg.checkpointing.storage_path, t["best_checkpoint"])
     trials.sort(key=lambda t: t["trial"])
     finished = [t for t in trials if t["best_value"] is not None]
     if not finished:
@@ -141,7 +144,7 @@ def _announce(cfg: TrainConfig, sweep: SweepConfig, name: str, sweep_dir: str, c
     print(
         f"sweep {name} -> {sweep_dir}: {sweep.num_samples} trials, up to {concurrency} at "
         f"once, lr log-uniform [{sweep.lr_min:g}, {sweep.lr_max:g}], per-worker batch in "
-        f"{sweep.batch_sizes}, {cfg.num_workers} workers per trial, "
+        f"{sweep.batch_sizes}, {cfg.scaling.num_workers} workers per trial, "
         + (
             f"ASHA (grace {sweep.grace_period}, reduction {sweep.reduction_factor:g})"
             if sweep.early_stop
@@ -151,7 +154,7 @@ def _announce(cfg: TrainConfig, sweep: SweepConfig, name: str, sweep_dir: str, c
     )
     if sweep.scale_lr:
         print(
-            f"lr scaling on: each trial's lr x (its batch / {cfg.batch_size}), the global "
+            f"lr scaling on: each trial's lr x (its batch / {cfg.optim.batch_size}), the global "
             "batch ratio (workers and accumulation are the same for every trial)",
             flush=True,
         )
@@ -185,7 +188,7 @@ def _tuner(
     scheduler = (
         ASHAScheduler(
             time_attr="epoch",
-            max_t=cfg.epochs,
+            max_t=cfg.optim.epochs,
             grace_period=sweep.grace_period,
             reduction_factor=sweep.reduction_factor,
         )
@@ -211,7 +214,11 @@ def _tuner(
             # Seeded: the same --seed samples the same learning rates and batch sizes.
             # The concurrency limit goes here: Tune ignores TuneConfig's
             # max_concurrent_trials when given a search algorithm instance.
-            search_alg=BasicVariantGenerator(random_state=cfg.seed, max_concurrent=concurrency),
+            search_alg=BasicVariantGenerator(
+                random_state=cfg.optim.seed, max_concurrent=concurrency
+            ),
         ),
-        run_config=tune.RunConfig(name=name, storage_path=cfg.storage_path, verbose=0),
+        run_config=tune.RunConfig(
+            name=name, storage_path=cfg.checkpointing.storage_path, verbose=0
+        ),
     )

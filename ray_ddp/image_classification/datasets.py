@@ -60,18 +60,20 @@ def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
     """Check that the dataset is there and readable, and count each split's samples
     (after ``--train-samples``/``--val-samples``); raise ConfigError otherwise."""
     info = _describe(cfg)
-    if cfg.dataset == "synthetic":
+    if cfg.data.dataset == "synthetic":
         return info  # generated: the sample counts are what it is asked for
-    if cfg.dataset in _TORCHVISION_LAYOUT:
+    if cfg.data.dataset in _TORCHVISION_LAYOUT:
         train_size, val_size = _torchvision_sizes(cfg)
-    elif cfg.dataset == "imagefolder":
-        train_size, val_size = (_image_folder_size(cfg.data_dir or "", s) for s in ("train", "val"))
+    elif cfg.data.dataset == "imagefolder":
+        train_size, val_size = (
+            _image_folder_size(cfg.data.data_dir or "", s) for s in ("train", "val")
+        )
     else:
         train_size, val_size = info.train_size, info.val_size
     return dataclasses.replace(
         info,
-        train_size=_limited(train_size, cfg.train_samples),
-        val_size=_limited(val_size, cfg.val_samples),
+        train_size=_limited(train_size, cfg.data.train_samples),
+        val_size=_limited(val_size, cfg.data.val_samples),
     )
 
 
@@ -82,34 +84,36 @@ def _limited(size: int | None, limit: int | None) -> int | None:
 
 def _describe(cfg: TrainConfig) -> DatasetInfo:
     """Classes and shapes; sample counts only where they come free."""
-    if cfg.dataset == "synthetic":
-        if cfg.image_size and cfg.image_size != synthetic_data.IMAGE_SIZE:
+    if cfg.data.dataset == "synthetic":
+        if cfg.data.image_size and cfg.data.image_size != synthetic_data.IMAGE_SIZE:
             raise ConfigError("--image-size does not apply to the built-in dataset")
         return DatasetInfo(
             synthetic_data.NUM_CLASSES,
             image_shape(cfg, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
-            cfg.train_samples or synthetic_data.DEFAULT_TRAIN_SAMPLES,
-            cfg.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
+            cfg.data.train_samples or synthetic_data.DEFAULT_TRAIN_SAMPLES,
+            cfg.data.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
         )
-    assert cfg.data_dir is not None  # validate() guarantees it
-    if cfg.dataset == "parquet":  # a local folder or a URI (s3://, gs://)
+    assert cfg.data.data_dir is not None  # validate() guarantees it
+    if cfg.data.dataset == "parquet":  # a local folder or a URI (s3://, gs://)
         return parquet_data.describe(cfg)
-    if not os.path.isdir(cfg.data_dir) and not (
-        cfg.download and cfg.dataset in _TORCHVISION_LAYOUT
+    if not os.path.isdir(cfg.data.data_dir) and not (
+        cfg.data.download and cfg.data.dataset in _TORCHVISION_LAYOUT
     ):
-        raise ConfigError(f"--data-dir {cfg.data_dir} does not exist or is not a directory")
-    if cfg.dataset in _TORCHVISION_LAYOUT:
-        folder, files = _TORCHVISION_LAYOUT[cfg.dataset]
-        missing = [f for f in files if not os.path.isfile(os.path.join(cfg.data_dir, folder, f))]
-        if missing and not cfg.download:
+        raise ConfigError(f"--data-dir {cfg.data.data_dir} does not exist or is not a directory")
+    if cfg.data.dataset in _TORCHVISION_LAYOUT:
+        folder, files = _TORCHVISION_LAYOUT[cfg.data.dataset]
+        missing = [
+            f for f in files if not os.path.isfile(os.path.join(cfg.data.data_dir, folder, f))
+        ]
+        if missing and not cfg.data.download:
             raise ConfigError(
-                f"{cfg.dataset} files missing under {os.path.join(cfg.data_dir, folder)} "
+                f"{cfg.data.dataset} files missing under {os.path.join(cfg.data.data_dir, folder)} "
                 f"({', '.join(missing[:3])}...); pass --download to fetch them"
             )
-        channels, size = (3, 32) if cfg.dataset == "cifar10" else (1, 28)
+        channels, size = (3, 32) if cfg.data.dataset == "cifar10" else (1, 28)
         return DatasetInfo(10, image_shape(cfg, channels, size))
-    train_classes = _image_folder_classes(os.path.join(cfg.data_dir, "train"))
-    val_classes = _image_folder_classes(os.path.join(cfg.data_dir, "val"))
+    train_classes = _image_folder_classes(os.path.join(cfg.data.data_dir, "train"))
+    val_classes = _image_folder_classes(os.path.join(cfg.data.data_dir, "val"))
     if train_classes != val_classes:
         raise ConfigError(
             f"imagefolder train/ and val/ have different class folders: "
@@ -144,11 +148,11 @@ def _image_folder_size(data_dir: str, split: str) -> int:
 def _torchvision_sizes(cfg: TrainConfig) -> tuple[int, int]:
     """(train, test) samples, read from the files: the IDX headers hold MNIST's counts,
     CIFAR-10's batches are unpickled (a CIFAR-format subset can have any size)."""
-    folder, files = _TORCHVISION_LAYOUT[cfg.dataset]
-    folder = os.path.join(cfg.data_dir or "", folder)
+    folder, files = _TORCHVISION_LAYOUT[cfg.data.dataset]
+    folder = os.path.join(cfg.data.data_dir or "", folder)
     if not all(os.path.isfile(os.path.join(folder, f)) for f in files):
-        return _PUBLISHED_SIZES[cfg.dataset]  # --download fetches them all (else refused)
-    if cfg.dataset == "cifar10":
+        return _PUBLISHED_SIZES[cfg.data.dataset]  # --download fetches them all (else refused)
+    if cfg.data.dataset == "cifar10":
         train = sum(_cifar_batch_size(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6))
         return train, _cifar_batch_size(os.path.join(folder, "test_batch"))
     return tuple(  # type: ignore[return-value]
@@ -180,15 +184,17 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
     """The train and validation datasets, as tensors-producing torch Datasets.
     ``augment=False`` gives the train split the evaluation transform (for evaluating on it)."""
     info = _describe(cfg)  # the sizes: those of the datasets built here
-    if cfg.dataset == "synthetic":
-        train, val = synthetic_data.make_synthetic(cfg.seed, cfg.train_samples, cfg.val_samples)
+    if cfg.data.dataset == "synthetic":
+        train, val = synthetic_data.make_synthetic(
+            cfg.optim.seed, cfg.data.train_samples, cfg.data.val_samples
+        )
         return train, val, info
-    if cfg.dataset == "parquet":
+    if cfg.data.dataset == "parquet":
         train, val = parquet_data.load(cfg, augment)
-    elif cfg.dataset == "imagefolder":
+    elif cfg.data.dataset == "imagefolder":
         import torchvision
 
-        root = cfg.data_dir or ""
+        root = cfg.data.data_dir or ""
         train = torchvision.datasets.ImageFolder(
             os.path.join(root, "train"), transform=image_transform(cfg, train=augment)
         )
@@ -198,8 +204,8 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
     else:
         train, val = _torchvision_splits(cfg, augment)
     train, val = (
-        _subset(train, cfg.train_samples, cfg.seed),
-        _subset(val, cfg.val_samples, cfg.seed),
+        _subset(train, cfg.data.train_samples, cfg.optim.seed),
+        _subset(val, cfg.data.val_samples, cfg.optim.seed),
     )
     sizes = {"train_size": len(train), "val_size": len(val)}  # type: ignore[arg-type]
     return train, val, dataclasses.replace(info, **sizes)
@@ -208,9 +214,9 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
 def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Dataset]:
     import torchvision
 
-    if cfg.dataset == "cifar10":
+    if cfg.data.dataset == "cifar10":
         cls, stats = _PresenceCheckedCIFAR10(), CIFAR_STATS
-    elif cfg.dataset == "mnist":
+    elif cfg.data.dataset == "mnist":
         cls, stats = torchvision.datasets.MNIST, MNIST_STATS
     else:
         cls, stats = torchvision.datasets.FashionMNIST, FASHION_STATS
@@ -218,9 +224,9 @@ def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Datas
     for train in (True, False):
         splits.append(
             cls(
-                cfg.data_dir,
+                cfg.data.data_dir,
                 train=train,
-                download=cfg.download,
+                download=cfg.data.download,
                 transform=image_transform(cfg, stats, train=train and augment),
             )
         )

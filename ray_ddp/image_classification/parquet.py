@@ -66,34 +66,34 @@ def _labels(table: pa.Table, column: str, path: str) -> torch.Tensor:
 
 
 def _input_column(cfg: TrainConfig) -> str:
-    return cfg.feature_column or cfg.image_column
+    return cfg.data.feature_column or cfg.data.image_column
 
 
 def describe(cfg: TrainConfig) -> DatasetInfo:
     """Classes (from the label columns), shapes and split sizes. Reads the label column
     only, and for a feature column the first row group's first row."""
-    assert cfg.data_dir is not None
+    assert cfg.data.data_dir is not None
     num_classes = 0
     sizes = []
     feature_dim = None
     for split in ("train", "val"):
-        path = split_path(cfg.data_dir, split)
-        _layout(path, [cfg.label_column, _input_column(cfg)])
-        labels = _labels(_read(path, [cfg.label_column]), cfg.label_column, path)
+        path = split_path(cfg.data.data_dir, split)
+        _layout(path, [cfg.data.label_column, _input_column(cfg)])
+        labels = _labels(_read(path, [cfg.data.label_column]), cfg.data.label_column, path)
         num_classes = max(num_classes, int(labels.max()) + 1)
         sizes.append(len(labels))
-        if cfg.feature_column:
-            layout = SplitLayout(path, [cfg.feature_column])
+        if cfg.data.feature_column:
+            layout = SplitLayout(path, [cfg.data.feature_column])
             first = layout.read(layout.pieces[0])[0][0]
             if not isinstance(first, list) or not first:
                 raise ConfigError(f"{path}: --feature-column must be a list of numbers")
             feature_dim = len(first)
-    if cfg.feature_column:
-        if cfg.model != "mlp":
+    if cfg.data.feature_column:
+        if cfg.target.model != "mlp":
             raise ConfigError("a Parquet --feature-column needs --model mlp")
         shape: tuple[int, ...] = (feature_dim,)
     else:
-        size = cfg.image_size or DEFAULT_FILE_IMAGE_SIZE
+        size = cfg.data.image_size or DEFAULT_FILE_IMAGE_SIZE
         shape = (3, size, size)
     return DatasetInfo(max(num_classes, 2), shape, sizes[0], sizes[1])
 
@@ -141,36 +141,38 @@ def _image_bytes(column: pa.ChunkedArray) -> list[bytes]:
 def load(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
     """The train and validation splits: streamed (``--parquet-read stream``: row groups
     read as the sampler needs them) or read whole into memory."""
-    assert cfg.data_dir is not None
-    if cfg.parquet_read == "stream":
+    assert cfg.data.data_dir is not None
+    if cfg.data.parquet_read == "stream":
         return stream(cfg, augment)
     from torch.utils.data import TensorDataset
 
     splits = []
     for train in (True, False):
-        path = split_path(cfg.data_dir, "train" if train else "val")
-        table = _read(path, [cfg.label_column, _input_column(cfg)])
-        labels = _labels(table, cfg.label_column, path)
-        if cfg.feature_column:
+        path = split_path(cfg.data.data_dir, "train" if train else "val")
+        table = _read(path, [cfg.data.label_column, _input_column(cfg)])
+        labels = _labels(table, cfg.data.label_column, path)
+        if cfg.data.feature_column:
             features = torch.tensor(
-                table.column(cfg.feature_column).to_pylist(), dtype=torch.float32
+                table.column(cfg.data.feature_column).to_pylist(), dtype=torch.float32
             )
             splits.append(TensorDataset(features, labels))
         else:
-            images = _image_bytes(table.column(cfg.image_column))
+            images = _image_bytes(table.column(cfg.data.image_column))
             transform = image_transform(cfg, train=train and augment)
-            layout = SplitLayout(path, [cfg.image_column])  # footers only: names rows
+            layout = SplitLayout(path, [cfg.data.image_column])  # footers only: names rows
             splits.append(ParquetImages(images, labels, transform, layout))
     return splits[0], splits[1]
 
 
 def stream(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
     """Both splits as :class:`~ray_ddp.data.parquet_stream.StreamingParquet` (footers only)."""
-    assert cfg.data_dir is not None
+    assert cfg.data.data_dir is not None
     splits = []
     for train in (True, False):
-        path = split_path(cfg.data_dir, "train" if train else "val")
-        layout = _layout(path, [_input_column(cfg), cfg.label_column])
-        transform = None if cfg.feature_column else image_transform(cfg, train=train and augment)
-        splits.append(StreamingParquet(layout, decoder(not cfg.feature_column, transform)))
+        path = split_path(cfg.data.data_dir, "train" if train else "val")
+        layout = _layout(path, [_input_column(cfg), cfg.data.label_column])
+        transform = (
+            None if cfg.data.feature_column else image_transform(cfg, train=train and augment)
+        )
+        splits.append(StreamingParquet(layout, decoder(not cfg.data.feature_column, transform)))
     return splits[0], splits[1]

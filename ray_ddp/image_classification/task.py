@@ -30,16 +30,16 @@ class ImageClassification(Task):
         self.classes: list[str] | None = None  # class names, once datasets() has run
 
     def name(self, cfg: TrainConfig) -> str:
-        return f"{cfg.dataset}-{cfg.model}"
+        return f"{cfg.data.dataset}-{cfg.target.model}"
 
     def describe(self, cfg: TrainConfig) -> dict[str, Any]:
         from ray_ddp.image_classification.datasets import describe_dataset
         from ray_ddp.image_classification.models import check_model_name
 
-        check_model_name(cfg.model)
+        check_model_name(cfg.target.model)
         self._info = describe_dataset(cfg)
         return {
-            "model": cfg.model,
+            "model": cfg.target.model,
             "num_classes": self._info.num_classes,
             "input_shape": list(self._info.input_shape),
         }
@@ -49,8 +49,10 @@ class ImageClassification(Task):
         images (a shapes-only forward on the meta device); no dataset is loaded."""
         from ray_ddp.image_classification.probe import check_model_runs
 
-        resizable = cfg.dataset != "synthetic"  # the built-in data has one size
-        check_model_runs(cfg.model, tuple(facts["input_shape"]), facts["num_classes"], resizable)
+        resizable = cfg.data.dataset != "synthetic"  # the built-in data has one size
+        check_model_runs(
+            cfg.target.model, tuple(facts["input_shape"]), facts["num_classes"], resizable
+        )
         if self._info is None:
             self.describe(cfg)
         return self._info.train_size, self._info.val_size

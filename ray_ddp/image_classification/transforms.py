@@ -41,9 +41,9 @@ class DatasetInfo:
 def image_shape(cfg: TrainConfig, channels: int, native_size: int) -> tuple[int, int, int]:
     """(C, H, W) after the transform: grey becomes RGB for torchvision models, and
     ``--image-size`` resizes."""
-    if channels == 1 and needs_rgb(cfg.model):
+    if channels == 1 and needs_rgb(cfg.target.model):
         channels = 3
-    size = cfg.image_size or native_size
+    size = cfg.data.image_size or native_size
     return (channels, size, size)
 
 
@@ -53,14 +53,14 @@ def image_transform(cfg: TrainConfig, stats: tuple = GENERIC_STATS, train: bool 
     from torchvision import transforms as T
 
     steps = []
-    size = cfg.image_size
-    if cfg.dataset in ("imagefolder", "parquet"):
+    size = cfg.data.image_size
+    if cfg.data.dataset in ("imagefolder", "parquet"):
         size = size or DEFAULT_FILE_IMAGE_SIZE
         steps.append(T.Lambda(_to_rgb))  # palette / grey / RGBA files alike
     if size:
         steps.append(T.Resize((size, size)))
     mean, std = stats
-    if len(mean) == 1 and needs_rgb(cfg.model):
+    if len(mean) == 1 and needs_rgb(cfg.target.model):
         steps.append(T.Grayscale(num_output_channels=3))
         mean, std = mean * 3, std * 3
     if train:
@@ -73,9 +73,9 @@ def augment_policy(cfg: TrainConfig) -> str:
     """The training augmentation policy a run uses: ``--augment``, else the dataset's
     default (``DEFAULT_AUGMENT``); always ``none`` where there are no images to augment
     (the built-in dataset is tensors already; a Parquet feature column is not an image)."""
-    if cfg.dataset == "synthetic" or cfg.feature_column:
+    if cfg.data.dataset == "synthetic" or cfg.data.feature_column:
         return "none"
-    return cfg.augment or DEFAULT_AUGMENT.get(cfg.dataset, "none")
+    return cfg.data.augment or DEFAULT_AUGMENT.get(cfg.data.dataset, "none")
 
 
 def augmentation(policy: str) -> list:
@@ -130,6 +130,6 @@ def image_decoder(cfg: TrainConfig, train: bool) -> Any:
     for ``--data-engine ray``'s tasks (``ray_ddp.data.ray_data``)."""
     from ray_ddp.data.parquet_stream import decoder
 
-    if cfg.feature_column:
+    if cfg.data.feature_column:
         return decoder(False, None)
     return decoder(True, image_transform(cfg, train=train))

@@ -12,7 +12,7 @@ one implementation; your own is another::
         best_metric, best_mode = "loss", "min"
 
         def datasets(self, cfg, facts):
-            return MyTrainSet(cfg.data_dir), MyValSet(cfg.data_dir)
+            return MyTrainSet(cfg.data.data_dir), MyValSet(cfg.data.data_dir)
 
         def model(self, cfg, facts):
             return MyNet()
@@ -98,8 +98,8 @@ class Task(abc.ABC):
         """The train and validation splits: map-style datasets (``__getitem__`` and
         ``__len__``) whose samples ``collate`` can batch. Called in every worker.
 
-        With ``--download`` it is first called with ``cfg.download`` True to fetch the data
-        into ``cfg.data_dir``: by rank 0 alone, then by the first worker of every other
+        With ``--download`` it is first called with ``cfg.data.download`` True to fetch the data
+        into ``cfg.data.data_dir``: by rank 0 alone, then by the first worker of every other
         node (the rest wait). Skip what is already there: nodes sharing ``data_dir`` find
         the files complete on their turn."""
 

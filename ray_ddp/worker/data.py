@@ -3,7 +3,6 @@ the torch engine here, or streamed by Ray Data), and their sizes."""
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -53,19 +52,19 @@ def build_worker_data(
 ) -> WorkerData:
     """The loaders over this worker's part of the task's data (``waiting``: what a Ray Data
     stream calls before each step's batches, for the watchdog)."""
-    if cfg.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.data.ray_data)
+    if cfg.data.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.data.ray_data)
         from ray_ddp.data.ray_data.worker import worker_data
 
         return WorkerData(**worker_data(cfg, worker, waiting))
-    if cfg.download:
+    if cfg.data.download:
         for turn in (0, 1):
             if download_turn(worker.rank, worker.local_rank) == turn:
                 task.datasets(cfg, facts)
             if is_distributed():
                 torch.distributed.barrier()
-    train_ds, val_ds = task.datasets(dataclasses.replace(cfg, download=False), facts)
+    train_ds, val_ds = task.datasets(cfg.replace(download=False), facts)
     fingerprint = split_fingerprint(train_ds)
-    train_ds = rig.hang_loader(harness, cfg.run_dir, train_ds)
+    train_ds = rig.hang_loader(harness, cfg.checkpointing.run_dir, train_ds)
     train_loader, train_order, val_loader = make_loaders(
         cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
     )
@@ -76,7 +75,7 @@ def build_worker_data(
         train_size=len(train_ds),  # type: ignore[arg-type]
         val_size=len(val_ds),  # type: ignore[arg-type]
         steps_per_epoch=train_order.plan.steps,  # the order is at the epoch's start here
-        accumulation=accumulation(cfg.global_batch_size, cfg.batch_size, worker.world_size),
+        accumulation=accumulation(cfg.global_batch_size, cfg.optim.batch_size, worker.world_size),
         order_record=order_record(train_order.plan, fingerprint),
     )
 

@@ -108,17 +108,18 @@ def ordered_data(
     sample's own randomness (augmentation) seeded from (seed, epoch, index)."""
     size = len(dataset)  # type: ignore[arg-type]
     order = GlobalOrderBatches(
-        size, batch_size=cfg.batch_size, global_batch=cfg.global_batch_size, seed=cfg.seed,
+        size, batch_size=cfg.optim.batch_size, global_batch=cfg.global_batch_size,
+        seed=cfg.optim.seed,
         rank=rank, world_size=world_size, tag_epoch=random_samples,
     )  # fmt: skip
-    workers = cfg.loader_workers or 0
+    workers = cfg.data.loader_workers or 0
     loader = DataLoader(
-        SeededSamples(dataset, cfg.seed) if random_samples else dataset,
+        SeededSamples(dataset, cfg.optim.seed) if random_samples else dataset,
         batch_sampler=order,
         collate_fn=collate or default_collate,
         num_workers=workers,
         persistent_workers=workers > 0,
-        generator=torch.Generator().manual_seed(cfg.seed),
+        generator=torch.Generator().manual_seed(cfg.optim.seed),
     )
     # Ray moves each batch to the device (its own sampler kept: no DistributedSampler).
     loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)

@@ -19,12 +19,15 @@ def build_optimizer(cfg: TrainConfig, params: Iterable[Any]) -> torch.optim.Opti
     if groups and all(set(g) == {"params"} for g in groups):
         groups = [{"params": [p for g in groups for p in g["params"]]}]  # one plain group
     for group in groups:
-        group["lr"] = cfg.lr * group.setdefault("lr_scale", 1.0)
-    if cfg.optimizer == "sgd":
+        group["lr"] = cfg.optim.lr * group.setdefault("lr_scale", 1.0)
+    if cfg.optim.optimizer == "sgd":
         return torch.optim.SGD(
-            groups, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+            groups,
+            lr=cfg.optim.lr,
+            momentum=cfg.optim.momentum,
+            weight_decay=cfg.optim.weight_decay,
         )
-    return torch.optim.AdamW(groups, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -46,11 +49,15 @@ def default_warmup(total_steps: int) -> int:
 def build_scheduler(
     cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else default_warmup(total_steps)
+    warmup = (
+        cfg.optim.warmup_steps
+        if cfg.optim.warmup_steps is not None
+        else default_warmup(total_steps)
+    )
     # A lambda (not a callable object): LambdaLR then keeps it out of its state_dict, so a
     # resumed run with more epochs uses the new total instead of the checkpoint's.
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup, total_steps, cfg.min_lr_ratio)
+        optimizer, lambda step: lr_factor(step, warmup, total_steps, cfg.optim.min_lr_ratio)
     )
 
 
@@ -115,9 +122,9 @@ def apply_hyperparameters(
             if old is not None and old != value and note not in changes:
                 changes.append(note)
             group[key] = value
-    if not math.isclose(old_lr, cfg.lr, rel_tol=1e-12):
-        changes.append(f"peak lr {old_lr:g} -> {cfg.lr:g}")
-    scheduler.base_lrs = [cfg.lr * g.get("lr_scale", 1.0) for g in optimizer.param_groups]
+    if not math.isclose(old_lr, cfg.optim.lr, rel_tol=1e-12):
+        changes.append(f"peak lr {old_lr:g} -> {cfg.optim.lr:g}")
+    scheduler.base_lrs = [cfg.optim.lr * g.get("lr_scale", 1.0) for g in optimizer.param_groups]
     for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["initial_lr"] = base
     set_schedule_step(scheduler, scheduler.last_epoch)

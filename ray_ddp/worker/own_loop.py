@@ -52,31 +52,31 @@ class Run:
         self.config, self.worker, self.loop = cfg, worker, loop
         self.device = worker.device
         self.attempt = number_attempt(cfg, worker)
-        self.restored = find_restore_point(cfg.resume_from, worker)
-        self.meta = task_meta(cfg.task, {})
+        self.restored = find_restore_point(cfg.checkpointing.resume_from, worker)
+        self.meta = task_meta(cfg.target.task, {})
         self.position = self._restore_position()
         self.watchdog = start_watchdog(cfg, worker, self.attempt)
-        mode = cfg.checkpoint_mode
+        mode = cfg.checkpointing.checkpoint_mode
         self.checkpointer = Checkpointer(
-            mode, worker.log, rig.checkpoint_hook(harness, cfg.run_dir)
+            mode, worker.log, rig.checkpoint_hook(harness, cfg.checkpointing.run_dir)
         )
         reclaims = PreemptionWatch(
-            cfg.preemption_check_steps if notices else 0, worker.log,
+            cfg.reliability.preemption_check_steps if notices else 0, worker.log,
             self.checkpointer.idle.wait,
             lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
         )  # fmt: skip
         self.reclaims = reclaims
-        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
+        self.limits = Limits(cfg.optim.max_steps, cfg.checkpointing.checkpoint_every, reclaims)
         self.timer = StepTimer(who=f"rank {worker.rank}")
         self.hooks = hooked.Hooks(
             hooked.Watched(self.watchdog),
-            hooked.Faults(harness, cfg.run_dir, worker.rank),
+            hooked.Faults(harness, cfg.checkpointing.run_dir, worker.rank),
             hooked.Timed(self.timer),
         )
-        self.scaler = grad_scaler(cfg.amp, worker.device)
+        self.scaler = grad_scaler(cfg.optim.amp, worker.device)
         if self.restored is not None:
             self.scaler.load_state_dict(self.restored.state.get("scaler", {}))
-        self.stepper = Stepper(self.scaler, cfg.grad_clip, worker.world_size, worker.device)
+        self.stepper = Stepper(self.scaler, cfg.optim.grad_clip, worker.world_size, worker.device)
         self.states: dict[str, Any] = {}
         self.models: list[torch.nn.Module] = []
         self.source = StepSource(self)
@@ -85,7 +85,7 @@ class Run:
         self.ranks = rank_rows(worker)
         self.stopped = False
         self.reported_at: tuple[int, int] | None = None
-        seed_initial_weights(cfg.seed)  # the loop's models: the same weights on every rank
+        seed_initial_weights(cfg.optim.seed)  # the loop's models: the same weights on every rank
 
     # ------------------------------------------------------------------ who and where
     @property
@@ -136,7 +136,7 @@ class Run:
         wrapped = []
         for model in models:
             prepared = ray.train.torch.prepare_model(model)
-            wrapped.append(torch.compile(prepared) if self.config.compile else prepared)
+            wrapped.append(torch.compile(prepared) if self.config.target.compile else prepared)
         self.models += wrapped
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
@@ -155,7 +155,7 @@ class Run:
         """The epochs left (0-based), to ``--epochs`` or ``--max-steps`` or ``stop()``.
         An epoch that the loop ends without ``report`` is reported (and checkpointed)
         here, so every epoch's end and every stop is a checkpoint."""
-        while self.position.epoch < self.config.epochs and not self._done():
+        while self.position.epoch < self.config.optim.epochs and not self._done():
             epoch = self.position.epoch
             yield epoch
             if self.reported_at != (self.position.epoch, self.position.step):
@@ -188,7 +188,7 @@ class Run:
 
     def autocast(self) -> Any:
         """The forward's autocast (``--amp``; a no-op with ``off``)."""
-        return autocast(self.config.amp, self.device)
+        return autocast(self.config.optim.amp, self.device)
 
     def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
         """The backward of ``micro``'s loss: a mean over its samples (weighted by its share
@@ -203,7 +203,7 @@ class Run:
         """Unscale, clip (``--grad-clip`` unless ``clip``), step each optimizer through the
         GradScaler, step ``schedules`` where the step was applied (an fp16 overflow skips
         it), zero the gradients. Returns whether it was applied."""
-        clip = self.config.grad_clip if clip is None else clip
+        clip = self.config.optim.grad_clip if clip is None else clip
         return self.stepper.step(optimizers, tuple(schedules), clip)
 
     def draws(self, micro: Micro, *shape: int, stream: int = 0) -> torch.Tensor:
@@ -212,7 +212,7 @@ class Run:
         ``stream``: the same whatever the split, the world size or a resume."""
         rows = [
             torch.randn(shape, generator=torch.Generator().manual_seed(
-                draw_seed(self.config.seed, micro.epoch, index, stream)))
+                draw_seed(self.config.optim.seed, micro.epoch, index, stream)))
             for index in micro.indices
         ]  # fmt: skip
         return torch.stack(rows).to(self.device)
@@ -285,7 +285,9 @@ def own_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     """Build this worker's :class:`Run`, call the loop's function with it, return its
     summary (``worker.loop.loop_config``'s dict: the loop travels as its ``task``)."""
     cfg = TrainConfig.from_dict(config["config"])
-    worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+    worker = start_worker(
+        cfg.scaling.cpus_per_worker, cfg.logging.log_prefix, cfg.logging.log_all_ranks
+    )
     run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True))
     try:
         config["task"].function(run)

@@ -94,7 +94,7 @@ class StepSource:
         and the step's randomness seeded from (step, micro-batch number)."""
         run = self.run
         run.sync_models(micro.closes_step)
-        seed_micro_batch(run.config.seed, micro.step, micro.slot.micro, run.device)
+        seed_micro_batch(run.config.optim.seed, micro.step, micro.slot.micro, run.device)
 
     def _after(self, step: Step, data: OrderedData) -> bool:
         """The step is done: hooks, the position advanced, a due checkpoint. Whether the
@@ -192,14 +192,15 @@ class Evaluation:
         key = id(dataset)
         if key not in self.loaders:
             options = {"collate_fn": SkipUnreadableCollate(collate or default_collate)}
-            self.loaders[key] = eval_loader(SkipUnreadable(dataset), run.config.batch_size * 2,
-                                            run.rank, run.world_size, **options)  # fmt: skip
+            batch = run.config.optim.batch_size * 2
+            self.loaders[key] = eval_loader(SkipUnreadable(dataset), batch, run.rank,
+                                            run.world_size, **options)  # fmt: skip
         inner = unwrap(model)
         run.watchdog.doing("evaluation: broadcast of rank 0's buffers", collective=True)
         broadcast_buffers(inner)  # every rank evaluates the weights a checkpoint holds
         batches = watched(self.loaders[key], "evaluation", run.watchdog,
                           then="evaluation: all-reduce of the sums")  # fmt: skip
-        result = evaluate(inner, batches, run.device, _Measured(metrics), run.config.amp)  # type: ignore[arg-type]
+        result = evaluate(inner, batches, run.device, _Measured(metrics), run.config.optim.amp)  # type: ignore[arg-type]
         return {**result.means, "samples": float(result.samples)}
 
 

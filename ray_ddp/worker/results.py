@@ -105,7 +105,9 @@ def write_ledger(
     if not worker.is_main:
         return
     lines = ["step,index", *(f"{step},{index}" for step, index in sorted(rows))]
-    path = join(cfg.run_dir, "ledger", f"epoch-{epoch + 1}.csv")  # a local path or a URI
+    path = join(
+        cfg.checkpointing.run_dir, "ledger", f"epoch-{epoch + 1}.csv"
+    )  # a local path or a URI
     write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 
@@ -143,12 +145,12 @@ def log_epoch(
     """The epoch line, stragglers and the per-worker table from rank 0; the run logs'
     epoch row (rank 0's ``logs``). (``ranks``: the rank table's rows, for the stragglers'
     hosts.)"""
-    worker.log(reporting.epoch_line(metrics, cfg.epochs))
+    worker.log(reporting.epoch_line(metrics, cfg.optim.epochs))
     for line in reporting.straggler_lines(per_rank, ranks):
         worker.log(line)
     if progress.sample:  # stopped inside the epoch
         worker.log(
-            f"stopped at --max-steps {cfg.max_steps}, sample {progress.sample}/"
+            f"stopped at --max-steps {cfg.optim.max_steps}, sample {progress.sample}/"
             f"{train_size} of epoch {progress.epoch + 1}: a re-run with more steps "
             "continues from there"
         )

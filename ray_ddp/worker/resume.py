@@ -213,7 +213,7 @@ def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) 
         return []
     config = saved.get("config", {})
     accum_before = run_global_batch(saved) // max(1, config.get("batch_size", 1) * before)
-    accum_now = accumulation(cfg.global_batch_size, cfg.batch_size, now)
+    accum_now = accumulation(cfg.global_batch_size, cfg.optim.batch_size, now)
     change = "lost" if now < before else "gained"
     workers = "worker" if abs(before - now) == 1 else "workers"
     kept = run_global_batch(saved) == cfg.global_batch_size
@@ -229,14 +229,18 @@ def _restore_optimizer(restored: Restored, state: TrainState, cfg: TrainConfig) 
     """The optimizer's state and the schedule's (and a sharded checkpoint's weights)."""
     notes, saved = [], restored.state
     fresh = hyperparameters(state.optimizer)
-    saved_kind = saved.get("config", {}).get("optimizer", cfg.optimizer)
+    saved_kind = saved.get("config", {}).get("optimizer", cfg.optim.optimizer)
     if restored.directory is not None:  # sharded: every rank reads its slices of both
-        load_shards(restored.directory, state.model, state.optimizer, saved_kind == cfg.optimizer)
+        load_shards(
+            restored.directory, state.model, state.optimizer, saved_kind == cfg.optim.optimizer
+        )
         restored.release()
-    elif saved_kind == cfg.optimizer:
+    elif saved_kind == cfg.optim.optimizer:
         state.optimizer.load_state_dict(saved["optimizer"])
-    if saved_kind != cfg.optimizer:  # AdamW's moments mean nothing to SGD (and the other way round)
-        notes.append(f"optimizer {saved_kind} -> {cfg.optimizer}: its state starts fresh")
+    if (
+        saved_kind != cfg.optim.optimizer
+    ):  # AdamW's moments mean nothing to SGD (and the other way round)
+        notes.append(f"optimizer {saved_kind} -> {cfg.optim.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
     changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler, fresh)
     return notes + [f"{change} (from the flags)" for change in changes]
@@ -272,7 +276,7 @@ def continue_epoch(
     if restored is None or not progress.sample:
         return sums
     change = None if saved is None else order_change(saved, record)  # None: an older one
-    if change is not None and cfg.restart_epoch:
+    if change is not None and cfg.checkpointing.restart_epoch:
         return restart_epoch(state, worker, steps_per_epoch, sums, f"--restart-epoch: {change}")
     if change is not None:
         raise ResumeRefusedError(

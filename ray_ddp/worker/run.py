@@ -96,29 +96,32 @@ class WorkerRun:
         self.attempt = number_attempt(cfg, worker)  # first: whatever fails later is its own
         self.data = build_worker_data(cfg, worker, task, facts, harness, self._waiting)
         mark("data built", self.me)
-        seed_initial_weights(cfg.seed)
+        seed_initial_weights(cfg.optim.seed)
         self.model = task.model(cfg, facts)
-        self.meta = task_meta(cfg.task, facts)
+        self.meta = task_meta(cfg.target.task, facts)
         mark("model built", self.me)
-        self.restored = find_restore_point(cfg.resume_from, worker)
+        self.restored = find_restore_point(cfg.checkpointing.resume_from, worker)
         # From here on a rank that stops making progress is found (--hang-timeout).
         self.watchdog = start_watchdog(cfg, worker, self.attempt)
         # Sharded checkpoints (--strategy fsdp2) are written by every rank, synchronously.
-        mode = "sync" if cfg.strategy == "fsdp2" else cfg.checkpoint_mode
-        self.writer = Checkpointer(mode, worker.log, rig.checkpoint_hook(harness, cfg.run_dir))
+        mode = "sync" if cfg.scaling.strategy == "fsdp2" else cfg.checkpointing.checkpoint_mode
+        self.writer = Checkpointer(
+            mode, worker.log, rig.checkpoint_hook(harness, cfg.checkpointing.run_dir)
+        )
         # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
         self.reclaims = reclaims = PreemptionWatch(
-            cfg.preemption_check_steps if notices else 0, worker.log, self.writer.idle.wait,
+            cfg.reliability.preemption_check_steps if notices else 0, worker.log,
+            self.writer.idle.wait,
             lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
         )  # fmt: skip
-        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
+        self.limits = Limits(cfg.optim.max_steps, cfg.checkpointing.checkpoint_every, reclaims)
         self.logs = None
         self.tracking = Settings.from_dict(tracking) if worker.is_main else None
         self.tracker: Tracker | None = None
-        steps = step_range(cfg.profile_steps)
+        steps = step_range(cfg.logging.profile_steps)
         self.profiler = (
-            StepProfiler(steps, cfg.run_dir, self.attempt.number, worker.rank, worker.device,
-                         worker.log) if steps else None
+            StepProfiler(steps, cfg.checkpointing.run_dir, self.attempt.number, worker.rank,
+                         worker.device, worker.log) if steps else None
         )  # fmt: skip
         self.ended: dict[str, Any] = {}
 
@@ -126,7 +129,9 @@ class WorkerRun:
     def start(cls, config: dict[str, Any]) -> WorkerRun:
         """The run of ``loop.loop_config``'s dict, in this worker process."""
         cfg = TrainConfig.from_dict(config["config"])
-        worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
+        worker = start_worker(
+            cfg.scaling.cpus_per_worker, cfg.logging.log_prefix, cfg.logging.log_all_ranks
+        )
         mark("loop entered (process group up)", f"rank {worker.rank}")
         return cls(cfg, config["task"], config["facts"], config["harness"], worker,
                    config.get("notices", True), config.get("tracking"))  # fmt: skip
@@ -140,35 +145,35 @@ class WorkerRun:
         """Load the restore point's weights, wrap the model, build the optimizer and
         schedule and restore them; then say what the run is and count its FLOPs."""
         cfg, worker, restored = self.cfg, self.worker, self.restored
-        fsdp = cfg.strategy == "fsdp2"
+        fsdp = cfg.scaling.strategy == "fsdp2"
         if restored is not None:
             check_compatible(restored.state, self.meta, restored.source)
-            check_strategy(restored.state, cfg.strategy, restored.source)
+            check_strategy(restored.state, cfg.scaling.strategy, restored.source)
             if not fsdp:  # a sharded checkpoint's weights: read into the shards, later
                 self.model.load_state_dict(restored.state["model"])
-        channels_last = use_channels_last(cfg.channels_last, self.model, worker.device)
+        channels_last = use_channels_last(cfg.data.channels_last, self.model, worker.device)
         flops = None
         # Under FSDP2, --amp bf16 is mostly its MixedPrecisionPolicy: then no autocast.
-        self.autocast = "off" if fsdp and bf16_policy(self.model, cfg.amp) else cfg.amp
+        self.autocast = "off" if fsdp and bf16_policy(self.model, cfg.optim.amp) else cfg.optim.amp
         if fsdp:  # counted on a copy of the whole model, which sharding takes apart
             example = example_batch(self.data, worker.device, self.watchdog)
             flops = count_flops(cfg, worker, self.task, self.model, example, self.watchdog)
-        model = wrap_model(self.model, channels_last, cfg.compile,
-                           (self.task, cfg.amp, worker) if fsdp else None)  # fmt: skip
+        model = wrap_model(self.model, channels_last, cfg.target.compile,
+                           (self.task, cfg.optim.amp, worker) if fsdp else None)  # fmt: skip
         self.state = state = build_train_state(cfg, worker, self.task, model, self.data)
         ledger, steps = self.harness.sample_ledger, self.data.steps_per_epoch
         self.partial = restore_training(restored, state, worker, cfg, steps, ledger)
         if restored is None or not restored.own:  # --resume-from's tracker run is not ours
             state.progress.tracking_run, state.progress.tracked_since = None, 0
         if worker.is_main:  # bad_samples.csv as the checkpoint left it
-            state.progress.bad_sample_rows = rewind(cfg.run_dir, restored, worker.log)
+            state.progress.bad_sample_rows = rewind(cfg.checkpointing.run_dir, restored, worker.log)
         # Inside an epoch: only on the order its position counts in (a Ray Data stream's
         # epoch restarts).
         self.partial = continue_epoch(restored, state, worker, cfg, self.data, self.partial)
-        counted = cfg.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
+        counted = cfg.logging.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
         self.counter = attach_counter(model) if counted else None
-        self.core = StepCore(state, self.task, self.autocast, worker.device, cfg.seed,
-                             cfg.grad_clip, channels_last, worker.rank)  # fmt: skip
+        self.core = StepCore(state, self.task, self.autocast, worker.device, cfg.optim.seed,
+                             cfg.optim.grad_clip, channels_last, worker.rank)  # fmt: skip
         mark("model wrapped, state restored", self.me)
         self.ranks = rank_rows(worker)
         announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
@@ -191,23 +196,25 @@ class WorkerRun:
         self.skips = seen.Skips(SkipLog())
         chain: list[seen.StepObserver] = [
             seen.WatchdogSteps(self.watchdog),
-            seen.Faults(self.harness, cfg.run_dir, worker.rank),
+            seen.Faults(self.harness, cfg.checkpointing.run_dir, worker.rank),
             self.timing,
-            seen.Guard(LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps)),
+            seen.Guard(
+                LossGuard(worker.device, worker.rank, check_every=cfg.logging.log_every_steps)
+            ),
             self.skips,
             seen.Ledger(),
         ]
         if worker.is_main:
             from ray_ddp.io.run_logs import RunLogs  # tensorboardX: rank 0's alone
 
-            self.logs = RunLogs(cfg.run_dir, cfg.tensorboard)
-            chain.append(seen.StepLogs(self.logs, cfg.log_every_steps))
-            if cfg.progress_interval_s > 0:
-                chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
+            self.logs = RunLogs(cfg.checkpointing.run_dir, cfg.logging.tensorboard)
+            chain.append(seen.StepLogs(self.logs, cfg.logging.log_every_steps))
+            if cfg.logging.progress_interval_s > 0:
+                chain.append(seen.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
             if self.tracking is not None:
                 self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log,
                                        since_ms=self.state.progress.tracked_since)  # fmt: skip
-                chain.append(seen.Tracked(self.tracker, cfg.log_every_steps))
+                chain.append(seen.Tracked(self.tracker, cfg.logging.log_every_steps))
         if self.profiler is not None:
             chain.append(seen.Profiled(self.profiler))
         self.observer = seen.Observers(*chain)
@@ -215,7 +222,7 @@ class WorkerRun:
     def _tracker_run(self) -> str | None:
         """The tracker run this run continues: the one kept in the run's folder, else in
         its own checkpoint (``--resume-from``'s belongs to another run); None: a new one."""
-        kept = read_run_id(self.cfg.run_dir, self.tracking.kind)
+        kept = read_run_id(self.cfg.checkpointing.run_dir, self.tracking.kind)
         own = self.restored is not None and self.restored.own
         return kept or (self.state.progress.tracking_run if own else None)
 
@@ -224,16 +231,18 @@ class WorkerRun:
         """Every epoch left (to ``--epochs`` or ``--max-steps``); the summary for the
         driver (Ray hands rank 0's back)."""
         cfg, progress = self.cfg, self.state.progress
-        if progress.epoch >= cfg.epochs or self.limits.done(progress.step):
-            self.worker.log(f"nothing to do: {progress.epoch} of {cfg.epochs} epochs already done")
+        if progress.epoch >= cfg.optim.epochs or self.limits.done(progress.step):
+            self.worker.log(
+                f"nothing to do: {progress.epoch} of {cfg.optim.epochs} epochs already done"
+            )
         if self.profiler is not None:
             self.profiler.begin(progress.step)
         try:
-            for epoch in range(progress.epoch, cfg.epochs):
+            for epoch in range(progress.epoch, cfg.optim.epochs):
                 if self.limits.done(progress.step):
                     break
                 self.run_epoch(epoch)
-                if epoch + 1 < cfg.epochs and not self.limits.done(progress.step):
+                if epoch + 1 < cfg.optim.epochs and not self.limits.done(progress.step):
                     self.reclaims.after_checkpoint(progress.step)
         except Exception as exc:
             note_step(exc, progress.step + 1)  # a restart that fails alike is not retried
@@ -251,7 +260,9 @@ class WorkerRun:
         self.timing.new_epoch()
         progress = self.state.progress  # inside the epoch: its count so far goes on
         so_far = progress.bad_samples if progress.sample else 0
-        self.skips.log = SkipLog(self.cfg.max_bad_samples, self.worker.rank, epoch, total=so_far)
+        self.skips.log = SkipLog(
+            self.cfg.data.max_bad_samples, self.worker.rank, epoch, total=so_far
+        )
         before = (self.state.progress.step, self.counter.syncs if self.counter else 0)
         trained = self.train_epoch()
         self.skips.log.rows += self.data.train_order.take_unreadable()  # Ray Data's (rank 0)
@@ -301,7 +312,7 @@ class WorkerRun:
         """A ``--checkpoint-every`` checkpoint: the epoch's unreadable samples so far named
         first (before a crash can lose them), no validation."""
         self.watchdog.doing("checkpoint inside the epoch", slow=True)
-        skips = settle(self.cfg.run_dir, self.skips.log, self.worker.is_main)
+        skips = settle(self.cfg.checkpointing.run_dir, self.skips.log, self.worker.is_main)
         progress = self.state.progress
         progress.bad_samples = skips.train  # the epoch's so far, carried in the checkpoint
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
@@ -370,11 +381,11 @@ class WorkerRun:
         BadSamplesError here, before the epoch is checkpointed."""
         self.watchdog.doing("epoch end: gathering the unreadable samples", collective=True)
         cfg, worker = self.cfg, self.worker
-        skips = settle(cfg.run_dir, self.skips.log, worker.is_main, evaluated.skipped)
+        skips = settle(cfg.checkpointing.run_dir, self.skips.log, worker.is_main, evaluated.skipped)
         if skips.total:
             val_size = self.data.val_size
             worker.log(skipped_line(epoch, skips.train, skips.val, evaluated.samples, val_size,
-                                    cfg.run_dir))  # fmt: skip
+                                    cfg.checkpointing.run_dir))  # fmt: skip
         return skips
 
     def _track_epoch(self, metrics: dict[str, Any]) -> None:
@@ -384,7 +395,7 @@ class WorkerRun:
             return
         progress = self.state.progress
         self.tracker.metrics(progress.step, epoch_values(metrics))
-        last = progress.epoch >= self.cfg.epochs or self.limits.done(progress.step)
+        last = progress.epoch >= self.cfg.optim.epochs or self.limits.done(progress.step)
         if last:
             self.tracker.sender.drain(5.0)
         else:
@@ -421,9 +432,9 @@ def explain_oom(cfg: TrainConfig, worker: Worker, phase: str) -> Iterator[None]:
         yield
     except torch.OutOfMemoryError as exc:
         size = (
-            f"batches of 2 x --batch-size = {2 * cfg.batch_size}"
+            f"batches of 2 x --batch-size = {2 * cfg.optim.batch_size}"
             if phase == "evaluation"  # no activations kept for backward: twice the batch
-            else f"--batch-size {cfg.batch_size}"
+            else f"--batch-size {cfg.optim.batch_size}"
         )
         raise RuntimeError(
             f"out of memory on rank {worker.rank} ({worker.device}) during {phase} with {size} "

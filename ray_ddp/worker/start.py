@@ -47,21 +47,21 @@ def number_attempt(cfg: TrainConfig, worker: Worker) -> Attempt:
     if worker.is_main:
         checkpoint = ray.train.get_checkpoint()
         name = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else ""
-        number = record_attempt(cfg.run_dir, worker.world_size, name)
+        number = record_attempt(cfg.checkpointing.run_dir, worker.world_size, name)
     gathered = all_gather((number, socket.gethostname(), os.getpid()))
     return Attempt(gathered[0][0], tuple((host, pid) for _, host, pid in gathered))
 
 
 def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> Watchdog | NullWatchdog:
     """The rank's hang watchdog, started (a null one with ``--hang-timeout 0``)."""
-    if cfg.hang_timeout == 0:
+    if cfg.reliability.hang_timeout == 0:
         return NullWatchdog()
-    folder = hang_folder(cfg.run_dir, attempt.number)
+    folder = hang_folder(cfg.checkpointing.run_dir, attempt.number)
     site = HangSite(worker.rank, worker.world_size, attempt.number, folder, attempt.peers)
     return Watchdog(
         on_hang=lambda stall: handle_hang(stall, site),
-        steady_s=cfg.hang_timeout,
-        grace_s=cfg.hang_grace,
+        steady_s=cfg.reliability.hang_timeout,
+        grace_s=cfg.reliability.hang_grace,
         peer_check=site.peer_found_hang,
     ).start()
 
@@ -105,13 +105,13 @@ def build_train_state(
     The schedule spans ``--epochs`` whatever ``--max-steps`` says: that flag stops a run
     and does not reshape it, so a run stopped by it and re-run without it is the run that
     was never stopped."""
-    total_steps = data.steps_per_epoch * cfg.epochs
+    total_steps = data.steps_per_epoch * cfg.optim.epochs
     optimizer = build_optimizer(cfg, task.param_groups(unwrap(model), cfg))
     return TrainState(
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(cfg, optimizer, total_steps),
-        scaler=grad_scaler(cfg.amp, worker.device),
+        scaler=grad_scaler(cfg.optim.amp, worker.device),
     )
 
 
@@ -127,7 +127,7 @@ def announce(
     worker.log(reporting.rank_table(ranks))
     worker.log(
         reporting.batch_line(
-            cfg.batch_size, worker.world_size, data.accumulation, cfg.global_batch_size
+            cfg.optim.batch_size, worker.world_size, data.accumulation, cfg.global_batch_size
         )
     )
     described = ", ".join(f"{k} {reporting.short(v)}" for k, v in facts.items())
@@ -139,8 +139,8 @@ def announce(
     described_order = data.train_order.describe()
     if described_order:
         worker.log(described_order)
-    if cfg.elastic:
-        low, high = cfg.worker_range
+    if cfg.scaling.elastic:
+        low, high = cfg.scaling.worker_range
         worker.log(
             f"elastic: {low} to {high} workers, now {worker.world_size}; the global batch of "
             f"{cfg.global_batch_size} and the data order stay the same at every count"
@@ -202,6 +202,6 @@ def count_flops(
     peak, precision = None, ""
     if worker.device.type == "cuda":
         name = torch.cuda.get_device_name(worker.device)
-        peak, precision = run_peak(name, cfg.amp, count.conv_share if count else 0.0)
+        peak, precision = run_peak(name, cfg.optim.amp, count.conv_share if count else 0.0)
     worker.log(flops_line(per_sample, peak, precision))
     return FlopRate(per_sample, peak * worker.world_size if peak else None)

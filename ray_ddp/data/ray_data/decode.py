@@ -39,14 +39,16 @@ def split_items(cfg: TrainConfig, split: str) -> tuple[list[dict[str, Any]], Any
     """What a split is made of, cheap to list (Parquet footers, a folder listing):
     ``(items, source)`` where ``source`` is the Parquet split's ``SplitLayout`` (its row
     groups are the items) or the ImageFolder split's root."""
-    assert cfg.data_dir is not None
-    if cfg.dataset == "parquet":
+    assert cfg.data.data_dir is not None
+    if cfg.data.dataset == "parquet":
         from ray_ddp.data.parquet_stream import SplitLayout, split_path
 
-        path = split_path(cfg.data_dir, split)
-        layout = SplitLayout(path, [cfg.feature_column or cfg.image_column, cfg.label_column])
+        path = split_path(cfg.data.data_dir, split)
+        layout = SplitLayout(
+            path, [cfg.data.feature_column or cfg.data.image_column, cfg.data.label_column]
+        )
         return [{"piece": number} for number in range(len(layout.pieces))], layout
-    root = os.path.join(cfg.data_dir, split)
+    root = os.path.join(cfg.data.data_dir, split)
     items = [
         {"path": path, "label": label, "index": index}
         for index, (path, label) in enumerate(image_folder_files(root))
@@ -180,7 +182,7 @@ class UnreadableRows:
 
 
 def actor_name(cfg: TrainConfig) -> str:
-    return "ray_ddp_unreadable_" + hashlib.sha1(cfg.run_dir.encode()).hexdigest()[:16]
+    return "ray_ddp_unreadable_" + hashlib.sha1(cfg.checkpointing.run_dir.encode()).hexdigest()[:16]
 
 
 def unreadable_actor(cfg: TrainConfig, create: bool = False):

@@ -49,12 +49,12 @@ class SplitBuilder:
         if train:  # a decode task's process imports torch and torchvision while Train starts
             module = self.make_decoder.__module__
             ray.remote(warm_up).options(num_cpus=self.task_cpus).remote(module)
-        per_call = 1 if cfg.dataset == "parquet" else FILES_PER_TASK
+        per_call = 1 if cfg.data.dataset == "parquet" else FILES_PER_TASK
         blocks = max(1, min(MAX_BLOCKS, math.ceil(len(items) / per_call)))
         ds = ray.data.from_items(items, override_num_blocks=blocks)
         if train:  # a new order of row groups / files every epoch, from --seed
             ds = ds.randomize_block_order(
-                seed=RandomSeedConfig(cfg.seed, reseed_after_execution=True)
+                seed=RandomSeedConfig(cfg.optim.seed, reseed_after_execution=True)
             )
         ds = ds.map_batches(decode, batch_size=per_call, num_cpus=self.task_cpus)
         ds.context.print_on_execution_start = False  # one line per epoch per split
@@ -107,12 +107,13 @@ def trainer_datasets(
     (a resolved config: workers known, Ray connected; ``task_cpus``: what each decode
     task asks for, ``ray_ddp.cluster.resources.data_task_cpus``; the task's decoder and
     whether it draws random numbers). Refuses what cannot run."""
-    workers = cfg.num_workers or 1
-    per_step = micro_batches(cfg.global_batch_size, cfg.batch_size)
+    workers = cfg.scaling.num_workers or 1
+    per_step = micro_batches(cfg.global_batch_size, cfg.optim.batch_size)
     if per_step % workers:
         raise ConfigError(
             f"--data-engine ray needs every worker to train the same micro-batches per step: "
-            f"a global batch of {cfg.global_batch_size} makes {per_step} of {cfg.batch_size}, "
+            f"a global batch of {cfg.global_batch_size} makes {per_step} of "
+            f"{cfg.optim.batch_size}, "
             f"which {workers} workers do not share equally"
         )
     return {

@@ -225,16 +225,20 @@ def worker_data(cfg: TrainConfig, worker: Any, waiting: Callable[[bool], None]) 
     if worker.is_main:
         actor = unreadable_actor(cfg)
         take_bad = lambda split: ray.get(actor.take.remote(split))  # noqa: E731
-    pin = bool(cfg.pin_memory) if cfg.pin_memory is not None else worker.device.type == "cuda"
+    pin = (
+        bool(cfg.data.pin_memory)
+        if cfg.data.pin_memory is not None
+        else worker.device.type == "cuda"
+    )
     order = StreamOrder(
         train_shard,
         size=sizes[0],
-        batch_size=cfg.batch_size,
+        batch_size=cfg.optim.batch_size,
         global_batch=cfg.global_batch_size,
-        seed=cfg.seed,
+        seed=cfg.optim.seed,
         rank=worker.rank,
         world_size=worker.world_size,
-        shuffle_buffer=cfg.shuffle_buffer,
+        shuffle_buffer=cfg.data.shuffle_buffer,
         pin_memory=pin,
         take_bad=take_bad,
         waiting=waiting,
@@ -242,7 +246,7 @@ def worker_data(cfg: TrainConfig, worker: Any, waiting: Callable[[bool], None]) 
     return {
         "train_loader": TrainBatches(order),
         "train_order": order,
-        "val_loader": EvalBatches(val_shard, cfg.batch_size * 2, pin, take_bad),
+        "val_loader": EvalBatches(val_shard, cfg.optim.batch_size * 2, pin, take_bad),
         "train_size": sizes[0],
         "val_size": sizes[1],
         "steps_per_epoch": order.steps,

@@ -26,19 +26,20 @@ TRACE_ENTRIES = 2000
 
 
 def process_group_timeout_s(cfg: TrainConfig) -> int:
-    if cfg.hang_timeout == 0:
+    if cfg.reliability.hang_timeout == 0:
         return DEFAULT_PG_TIMEOUT_S
-    return int(2 * max(cfg.hang_grace, cfg.hang_timeout or 0) + 60)
+    return int(2 * max(cfg.reliability.hang_grace, cfg.reliability.hang_timeout or 0) + 60)
 
 
 def nccl_env(cfg: TrainConfig) -> dict[str, str]:
     """The ``TORCH_NCCL_*`` variables GPU workers start with (none for CPU workers)."""
-    if not cfg.use_gpu:
+    if not cfg.scaling.use_gpu:
         return {}
+    name = cfg.checkpointing.name
     wanted = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"/tmp/ray_ddp_nccl_trace_{cfg.name}_rank_",
+        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": f"/tmp/ray_ddp_nccl_trace_{name}_rank_",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "TORCH_NCCL_ENABLE_MONITORING": "1",
     }
