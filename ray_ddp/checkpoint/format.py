@@ -27,6 +27,7 @@ import torch
 from ray_ddp.io.storage import atomic_path, is_uri, local_copy
 
 if TYPE_CHECKING:
+    from ray_ddp.task.interface import Task
     from ray_ddp.worker.state import EpochSums, TrainState
 
 STATE_FILE = "state.pt"
@@ -90,7 +91,7 @@ def state_of(
     only their totals matter)."""
     partial = epoch_partial or []
     # A sharded model's and optimizer's states go to shards/, every rank its part.
-    whole = {"sharded": SHARDED}
+    whole: dict[str, Any] = {"sharded": SHARDED}
     if not is_fsdp(state.model):
         whole = {
             "model": unwrap(state.model).state_dict(),
@@ -146,7 +147,7 @@ class Snapshots:
 
         copied = host(saved)
         del self.buffers[count:]
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
             torch.cuda.synchronize()  # the non-blocking copies have landed
         return copied
 
@@ -236,7 +237,8 @@ def registered_states(checkpoint: str) -> dict[str, Any]:
         raise CheckpointError(
             f"{checkpoint} was written by the built-in loop: read it with ray_ddp.load_model"
         )
-    return state["states"]
+    states: dict[str, Any] = state["states"]
+    return states
 
 
 def task_meta(task_spec: str, facts: dict[str, Any]) -> dict[str, Any]:
@@ -249,7 +251,8 @@ def saved_task_meta(state: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's task meta; those written before tasks existed hold the image
     classifier's facts under ``model_meta``."""
     if "task_meta" in state:
-        return state["task_meta"]
+        meta: dict[str, Any] = state["task_meta"]
+        return meta
     from ray_ddp.config import BUILTIN_TASK
 
     return task_meta(BUILTIN_TASK, dict(state.get("model_meta", {})))
@@ -287,7 +290,7 @@ def list_or(value: Any) -> Any:
     return list(value) if isinstance(value, (tuple, list)) else value
 
 
-def load_model(directory: str, task: Any = None) -> torch.nn.Module:
+def load_model(directory: str, task: Task | None = None) -> torch.nn.Module:
     """A plain (unwrapped, non-distributed) model with the checkpoint's weights, in eval
     mode, for evaluation or inference without Ray. ``directory`` is a local path or a
     storage URI (``s3://...``: downloaded to a temporary directory first). ``task``: the
@@ -302,7 +305,7 @@ def load_model(directory: str, task: Any = None) -> torch.nn.Module:
     state = load_state(directory)
     meta = saved_task_meta(state)
     task = task if task is not None else load_task(meta["task"])
-    model = task.model(saved_config(state), meta["facts"])
+    model: torch.nn.Module = task.model(saved_config(state), meta["facts"])
     model.load_state_dict(full_model_state(directory, state, model))
     return model.eval()
 
@@ -315,7 +318,8 @@ def full_model_state(
     ``shards/`` in this process alone (no process group), into tensors shaped like
     ``model``'s."""
     if not is_sharded(state):
-        return state["model"]
+        whole: dict[str, torch.Tensor] = state["model"]
+        return whole
     import torch.distributed.checkpoint as dcp
 
     wanted = {"model": model.state_dict()}
@@ -327,7 +331,8 @@ def full_model_state(
     except Exception as exc:  # a shard missing or unreadable
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(f"cannot read the sharded model in {path}: {first_line}") from exc
-    return wanted["model"]
+    gathered: dict[str, torch.Tensor] = wanted["model"]
+    return gathered
 
 
 def saved_config(state: dict[str, Any]) -> Any:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 
@@ -38,12 +39,12 @@ def connect(address: str | None, dashboard: bool = False) -> None:
     if ray.is_initialized():
         return
     if address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=address, logging_level="WARNING", log_to_driver=True)
+        ray.init(address=address, logging_level=logging.WARNING, log_to_driver=True)
         return
     for key, value in QUIET_LOCAL_RAY.items():
         os.environ.setdefault(key, value)  # the user's own setting wins
     dashboard = dashboard or os.environ.get("RAY_DDP_DASHBOARD") == "1"
-    ray.init(logging_level="WARNING", log_to_driver=True, include_dashboard=dashboard)
+    ray.init(logging_level=logging.WARNING, log_to_driver=True, include_dashboard=dashboard)
     atexit.unregister(shutdown)  # once, however many runs started a Ray in this process
     atexit.register(shutdown)  # runs before ray.init's own hook (last registered, first run)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 EPS = 1e-9
@@ -77,7 +77,7 @@ def _ordered(bundle: Mapping[str, float]) -> list[tuple[str, float]]:
     return sorted(bundle.items(), key=lambda kv: (rank.get(kv[0], len(PLURAL)), kv[0]))
 
 
-def nodes_text(bundle: Mapping[str, float], up: list[Mapping[str, float]]) -> str:
+def nodes_text(bundle: Mapping[str, float], up: Sequence[Mapping[str, float]]) -> str:
     """The nodes up by shape, most common first: ``2 x 1 CPU / 1 slot, 1 x 0 CPUs / 0 slot``."""
     shapes = Counter(node_text(bundle, node) for node in up)
     return ", ".join(f"{count} x {shape}" for shape, count in shapes.most_common()) or "no nodes"
@@ -135,7 +135,7 @@ def cpus_that_fit(
 def unplaceable(
     bundle: Mapping[str, float],
     n: int,
-    up: list[Mapping[str, float]],
+    up: Sequence[Mapping[str, float]],
     types: list[Nodes] | None = None,
     max_nodes: int | None = None,
 ) -> str | None:

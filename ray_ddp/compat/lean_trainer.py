@@ -44,12 +44,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray._common.utils import env_bool
 from ray.train.constants import RAY_TRAIN_ENABLE_STATE_TRACKING
-from ray.train.torch import TorchTrainer
+
+if TYPE_CHECKING:  # the class Ray Train v2 runs as ray.train.torch.TorchTrainer (typed as v1)
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
+else:
+    from ray.train.torch import TorchTrainer
 
 # The helper actors a local run leaves out are started by these callbacks (no public API
 # chooses Ray Train's default callbacks).
@@ -131,10 +135,14 @@ class LeanTorchTrainer(TorchTrainer):
         controller_actor_cls = ray.remote(
             num_cpus=0,
             # On the driver's node, as Ray Train puts it: the node-id label key is private.
-            label_selector={ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()},
+            label_selector={
+                ray._raylet.RAY_NODE_ID_KEY: ray.get_runtime_context().get_node_id()  # type: ignore[attr-defined]
+            },
             runtime_env={"env_vars": env_vars},
         )(LocalTrainController)
-        controller = controller_actor_cls.remote(
+        # An actor handle: its methods' .remote() are made at run time, which Ray's types
+        # do not follow.
+        controller: Any = controller_actor_cls.remote(
             settings=local_controller_settings(), **controller_init_kwargs
         )
         if threading.current_thread() is threading.main_thread():

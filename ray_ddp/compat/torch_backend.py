@@ -110,7 +110,8 @@ class LeanTorchBackend(Backend):
 
     share_cuda_visible_devices: bool = True
 
-    def on_start(self, worker_group: Any, backend_config: LeanTorchConfig) -> None:
+    def on_start(self, worker_group: Any, backend_config: BackendConfig) -> None:
+        assert isinstance(backend_config, LeanTorchConfig), type(backend_config)
         backend = backend_config.backend
         if backend is None:
             gpus = worker_group.get_resources_per_worker().get("GPU", 0)
@@ -142,7 +143,7 @@ class LeanTorchBackend(Backend):
             ]
         )
 
-    def on_shutdown(self, worker_group: Any, backend_config: LeanTorchConfig) -> None:
+    def on_shutdown(self, worker_group: Any, backend_config: BackendConfig) -> None:
         futures = worker_group.execute_async(_shutdown, destroy_process_group=len(worker_group) > 1)
         timeout_s = env_integer(
             TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S, DEFAULT_TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S

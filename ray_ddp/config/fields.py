@@ -69,8 +69,9 @@ def option(default: Any = MISSING, *, default_factory: Any = MISSING, **flag: An
     )
 
 
-def flag_of(f: dataclasses.Field) -> Flag:
-    return f.metadata.get("flag", Flag())
+def flag_of(f: dataclasses.Field[Any]) -> Flag:
+    flag = f.metadata.get("flag")
+    return flag if isinstance(flag, Flag) else Flag()
 
 
 def flag_name(name: str) -> str:
@@ -83,7 +84,7 @@ def resume_safe_fields(cls: type) -> frozenset[str]:
 
 
 # --------------------------------------------------------------------- values and checks
-def value_problem(f: dataclasses.Field, value: Any) -> str | None:
+def value_problem(f: dataclasses.Field[Any], value: Any) -> str | None:
     """What is wrong with ``value`` for field ``f`` by its own stated limits, as one line."""
     facts = flag_of(f)
     if value is None:
@@ -124,7 +125,7 @@ def sections_of(cls: type) -> list[tuple[str, type]]:
     return [(getattr(cls, "TITLE", ""), cls)]
 
 
-def config_fields(cls_or_obj: Any) -> list[dataclasses.Field]:
+def config_fields(cls_or_obj: Any) -> list[dataclasses.Field[Any]]:
     """Every field of a config class (or instance), its sections' in order."""
     cls = cls_or_obj if isinstance(cls_or_obj, type) else type(cls_or_obj)
     return [f for _, section in sections_of(cls) for f in dataclasses.fields(section)]
@@ -138,7 +139,9 @@ def _docs_of(cls: type) -> dict[str, str]:
     import inspect
     import textwrap
 
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    definition = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(definition, ast.ClassDef), cls
+    body = definition.body
     docs = {}
     for node, after in zip(body, [*body[1:], None], strict=True):
         if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):

@@ -16,6 +16,7 @@ import re
 import types
 import typing
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ray_ddp.config.fields import (
@@ -49,7 +50,13 @@ class _Toggle(argparse.Action):
     def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any):
         super().__init__(option_strings, dest, nargs=0, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         on, off = self.option_strings
         value = option_string == on
         if getattr(namespace, self.dest) not in (None, value):
@@ -90,19 +97,42 @@ def first_sentence(doc: str) -> str:
     return _text(first).rstrip(".")
 
 
+@dataclass(frozen=True)
+class FieldText:
+    """What :class:`FieldHelp` and docs/flags.md read of a field's flag, kept on its
+    argparse action (``field_text``)."""
+
+    full_help: str
+    """The whole docstring, laid out for ``--help-all``."""
+    doc: str
+    """The docstring as written."""
+    facts: Flag
+    auto: bool
+    """The docstring says ``Auto:``: a ``None`` default decides by itself."""
+    fixed_default: str | None
+    """The default shown whatever the parser's default (``unchanged``, or ``Flag.shown``)."""
+
+
+def field_text(action: argparse.Action) -> FieldText | None:
+    """A field's flag's :class:`FieldText`; None for other flags (``--help-all``)."""
+    text = vars(action).get("field_text")
+    return text if isinstance(text, FieldText) else None
+
+
 def default_text(action: argparse.Action) -> str | None:
     """The default ``--help`` shows for a field's flag, read when the help is printed (so
     an own loop's ``set_defaults`` shows): ``on``/``off`` for switches, ``auto`` where the
     field decides by itself (None, and its docstring says ``Auto:``), else the value."""
-    if getattr(action, "fixed_default", None):
-        return action.fixed_default
+    text = field_text(action)
+    if text is not None and text.fixed_default:
+        return text.fixed_default
     default = action.default
     if isinstance(action, _Toggle) and default is None:
         return "auto"
     if isinstance(default, bool):  # a switch: what it turns on or off, without it
         return "on" if default else "off"
     if default is None:
-        return "auto" if getattr(action, "auto", False) else None
+        return "auto" if text is not None and text.auto else None
     return _shown(default)
 
 
@@ -116,9 +146,10 @@ class FieldHelp(argparse.HelpFormatter):
         super().__init__(prog, max_help_position=24 if self.full else 28)
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if not hasattr(action, "full_help"):
+        field = field_text(action)
+        if field is None or action.help is None:
             return action.help  # not a field's flag: its help as written
-        text = action.full_help if self.full else action.help
+        text = field.full_help if self.full else action.help
         default = default_text(action)
         if default is not None:
             text += f" (default: {default})"
@@ -145,7 +176,13 @@ class _HelpAll(argparse.Action):
         kwargs.update(nargs=0, default=argparse.SUPPRESS)
         super().__init__(option_strings, argparse.SUPPRESS, **kwargs)
 
-    def __call__(self, parser, namespace, values, option_string=None):
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         parser.formatter_class, parser.usage = FullHelp, None  # the usage of every flag
         parser.print_help()
         parser.exit()
@@ -180,9 +217,8 @@ def _metavar(facts: Flag, kind: Any) -> str | None:
 def _annotate(action: argparse.Action, facts: Flag, doc: str, overrides: str | None) -> None:
     """What :class:`FieldHelp` reads of a field's flag: the short and the full help."""
     action.help = first_sentence(doc) or None
-    action.full_help, action.doc, action.facts = _text(doc), doc, facts
-    action.auto = "Auto:" in doc
-    action.fixed_default = "unchanged" if overrides else facts.shown
+    fixed = "unchanged" if overrides else facts.shown
+    vars(action)["field_text"] = FieldText(_text(doc), doc, facts, "Auto:" in doc, fixed)
 
 
 def add_fields(
@@ -255,7 +291,9 @@ def _markdown(text: str) -> str:
 
 def _flag_entry(action: argparse.Action, swept: bool) -> list[str]:
     """One flag of docs/flags.md: its heading, its facts in a line, its whole docstring."""
-    facts: Flag = action.facts
+    text = field_text(action)
+    assert text is not None, "a field's flag"
+    facts = text.facts
     names = " / ".join(f"`{option}`" for option in action.option_strings)
     if action.nargs != 0 and not facts.choices:
         names = names[:-1] + f" {action.metavar or action.dest.upper()}`"
@@ -267,7 +305,7 @@ def _flag_entry(action: argparse.Action, swept: bool) -> list[str]:
         shown.append("a re-run of its `--name` may change it")
     if swept and not facts.sweep:
         shown.append("not in jobs/tune.py")
-    return [f"#### {names}", "", "; ".join(shown) + ".", "", _markdown(action.doc), ""]
+    return [f"#### {names}", "", "; ".join(shown) + ".", "", _markdown(text.doc), ""]
 
 
 def _sections_markdown(cls: type, swept: bool) -> list[str]:
@@ -279,9 +317,10 @@ def _sections_markdown(cls: type, swept: bool) -> list[str]:
         about[section.TITLE] += f" In code: ``cfg.{attribute}.<field>``."
     lines = []
     for group in parser._action_groups:
-        actions = [a for a in group._group_actions if hasattr(a, "facts")]
+        actions = [a for a in group._group_actions if field_text(a) is not None]
         if actions:
-            lines += [f"### {group.title}", "", _markdown(about.get(group.title, "")), ""]
+            title = group.title or ""
+            lines += [f"### {title}", "", _markdown(about.get(title, "")), ""]
             lines += [line for a in actions for line in _flag_entry(a, swept)]
     return lines
 

@@ -109,7 +109,7 @@ class TrainConfig:
             raise TypeError(f"TrainConfig has no field {', '.join(sorted(given))}")
 
     @classmethod
-    def fields(cls) -> list[dataclasses.Field]:
+    def fields(cls) -> list[dataclasses.Field[Any]]:
         """Every field of every section, in order (what flags and checks iterate)."""
         return [f for section in cls.SECTIONS.values() for f in dataclasses.fields(section)]
 

@@ -80,7 +80,7 @@ def make_loaders(
 ) -> tuple[DataLoader, GlobalOrderBatches, DataLoader]:
     workers = loader_workers(cfg)
     pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else device.type == "cuda"
-    common = {
+    common: dict[str, Any] = {
         "num_workers": workers,
         "pin_memory": pin,
         "persistent_workers": workers > 0,
@@ -100,6 +100,7 @@ def make_loaders(
         "lockstep": cfg.scaling.strategy == "fsdp2",
     }  # fmt: skip
     streamed = streamed_split(train_ds)
+    train_batches: StreamedBatches | GlobalOrderBatches
     if streamed is not None:  # a streamed Parquet split: the sampler reads the rows
         train_batches = StreamedBatches(streamed, buffer=cfg.data.shuffle_buffer, **order)
     else:

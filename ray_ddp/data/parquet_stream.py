@@ -24,11 +24,18 @@ import io
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ray_ddp.config import ConfigError
+
+if TYPE_CHECKING:  # a map-style dataset to torch; not imported to run (Ray Data's decoders)
+    from torch.utils.data import Dataset
+
+    _Dataset = Dataset[Any]
+else:
+    _Dataset = object
 
 READ_AHEAD = 2
 """Row groups a stream reads beyond those the current batch needs (hides read latency)."""
@@ -175,7 +182,7 @@ def _parquet_files(fs, path: str, location: str) -> list[str]:
     return files
 
 
-class StreamingParquet:
+class StreamingParquet(_Dataset):
     """A Parquet split as a dataset of rows the sampler reads: ``dataset[row]`` decodes a
     :class:`FetchedRow` (``len`` is the split's rows). Rows are looked up by the stream,
     never by number, so holding this object costs only the split's footers."""

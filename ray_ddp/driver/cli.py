@@ -77,9 +77,8 @@ def exit_code(job: Callable[[], None], failed: tuple[type[Exception], ...] = ())
             # ray_ddp's own stops in Ray Train's controller (a non-finite loss, too many
             # unreadable samples, a repeated failure) are one line: without Ray's prefix.
             failure = getattr(exc, "controller_failure", None)
-            if type(failure).__module__.startswith("ray_ddp."):
-                exc = failure
-            print(f"training failed: {exc}", file=sys.stderr)
+            shown = failure if type(failure).__module__.startswith("ray_ddp.") else exc
+            print(f"training failed: {shown}", file=sys.stderr)
             return EXIT_FAILED
         raise  # a bug: keep its traceback
     return EXIT_OK

@@ -115,6 +115,7 @@ def _checkpoint_model(
     model = shard_model(
         model, task_blocks(task, model), cfg.optim.amp, worker.device, worker.world_size
     )
+    assert restored.directory is not None  # a sharded checkpoint's files
     try:
         load_model_shards(restored.directory, model)
     finally:
@@ -228,7 +229,7 @@ def write_predictions(
     marked += [(s["index"], *blank, True, s["error"]) for s in unreadable]
     marked.sort(key=lambda row: row[0])
     names = ["index", *columns, "unreadable", "unreadable_error"]
-    values = list(zip(*marked, strict=True)) if marked else [[] for _ in names]
+    values: list[Sequence[Any]] = list(zip(*marked, strict=True)) if marked else [[] for _ in names]
     types = [None] * (len(names) - 2) + [pa.bool_(), pa.string()]
     table = pa.table(
         {

@@ -65,13 +65,15 @@ def build_trainer(
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
         torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg)),
         scaling_config=ScalingConfig(
-            num_workers=scaling_workers(cfg),
-            use_gpu=cfg.scaling.use_gpu,
+            # (MIN, MAX) for an elastic run: Train v2's ScalingConfig; the stubs mypy reads
+            # are Train v1's, which has no elastic range (nor the keywords below)
+            num_workers=scaling_workers(cfg),  # type: ignore[arg-type]
+            use_gpu=bool(cfg.scaling.use_gpu),  # resolved by now (driver.prepare)
             resources_per_worker=worker_resources(cfg),
             placement_strategy=cfg.scaling.placement_strategy,
-            elastic_resize_monitor_interval_s=cfg.scaling.resize_check_s,  # elastic runs only
+            elastic_resize_monitor_interval_s=cfg.scaling.resize_check_s,  # type: ignore[call-arg]
         ),
-        run_config=RunConfig(
+        run_config=RunConfig(  # type: ignore[call-arg]  # Train v2's keywords (above)
             name=cfg.checkpointing.name,
             storage_path=cfg.checkpointing.storage_path,
             checkpoint_config=CheckpointConfig(

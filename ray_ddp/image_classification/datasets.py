@@ -12,6 +12,7 @@ import dataclasses
 import os
 import pickle
 import struct
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -62,6 +63,8 @@ def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
     info = _describe(cfg)
     if cfg.data.dataset == "synthetic":
         return info  # generated: the sample counts are what it is asked for
+    train_size: int | None
+    val_size: int | None
     if cfg.data.dataset in _TORCHVISION_LAYOUT:
         train_size, val_size = _torchvision_sizes(cfg)
     elif cfg.data.dataset == "imagefolder":
@@ -185,10 +188,12 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
     ``augment=False`` gives the train split the evaluation transform (for evaluating on it)."""
     info = _describe(cfg)  # the sizes: those of the datasets built here
     if cfg.data.dataset == "synthetic":
-        train, val = synthetic_data.make_synthetic(
+        made = synthetic_data.make_synthetic(
             cfg.optim.seed, cfg.data.train_samples, cfg.data.val_samples
         )
-        return train, val, info
+        return made[0], made[1], info
+    train: Dataset[Any]
+    val: Dataset[Any]
     if cfg.data.dataset == "parquet":
         train, val = parquet_data.load(cfg, augment)
     elif cfg.data.dataset == "imagefolder":
@@ -207,8 +212,9 @@ def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dat
         _subset(train, cfg.data.train_samples, cfg.optim.seed),
         _subset(val, cfg.data.val_samples, cfg.optim.seed),
     )
-    sizes = {"train_size": len(train), "val_size": len(val)}  # type: ignore[arg-type]
-    return train, val, dataclasses.replace(info, **sizes)
+    # map-style: every split here has a length (Dataset does not declare one)
+    sizes = len(train), len(val)  # type: ignore[arg-type]
+    return train, val, dataclasses.replace(info, train_size=sizes[0], val_size=sizes[1])
 
 
 def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Dataset]:

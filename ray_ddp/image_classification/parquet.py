@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import io
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -91,6 +92,7 @@ def describe(cfg: TrainConfig) -> DatasetInfo:
     if cfg.data.feature_column:
         if cfg.target.model != "mlp":
             raise ConfigError("a Parquet --feature-column needs --model mlp")
+        assert feature_dim is not None  # read from the first row above
         shape: tuple[int, ...] = (feature_dim,)
     else:
         size = cfg.data.image_size or DEFAULT_FILE_IMAGE_SIZE
@@ -146,7 +148,7 @@ def load(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
         return stream(cfg, augment)
     from torch.utils.data import TensorDataset
 
-    splits = []
+    splits: list[Dataset[Any]] = []
     for train in (True, False):
         path = split_path(cfg.data.data_dir, "train" if train else "val")
         table = _read(path, [cfg.data.label_column, _input_column(cfg)])
@@ -167,7 +169,7 @@ def load(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
 def stream(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
     """Both splits as :class:`~ray_ddp.data.parquet_stream.StreamingParquet` (footers only)."""
     assert cfg.data.data_dir is not None
-    splits = []
+    splits: list[Dataset[Any]] = []
     for train in (True, False):
         path = split_path(cfg.data.data_dir, "train" if train else "val")
         layout = _layout(path, [_input_column(cfg), cfg.data.label_column])

@@ -13,10 +13,12 @@ from ray_ddp.config.train import AUGMENT_POLICIES, TrainConfig
 from ray_ddp.image_classification.models import needs_rgb
 
 # Per-dataset normalisation (channel means/stds of the training sets).
-CIFAR_STATS = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
-MNIST_STATS = ((0.1307,), (0.3081,))
-FASHION_STATS = ((0.2860,), (0.3530,))
-GENERIC_STATS = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+Stats = tuple[tuple[float, ...], tuple[float, ...]]
+"""Per-channel (mean, std) of a dataset's images."""
+CIFAR_STATS: Stats = ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616))
+MNIST_STATS: Stats = ((0.1307,), (0.3081,))
+FASHION_STATS: Stats = ((0.2860,), (0.3530,))
+GENERIC_STATS: Stats = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 DEFAULT_FILE_IMAGE_SIZE = 32
 
 # --augment when not given. Crop + flip suits natural photos (CIFAR-10, and ImageFolder

@@ -26,7 +26,9 @@ class LossGuard:
         self.rank = rank
         self.eager = device.type == "cpu" if eager is None else eager
         self.check_every = check_every
-        self.first_bad = None if self.eager else torch.full((), -1, device=device)
+        self.first_bad: torch.Tensor | None = (
+            None if self.eager else torch.full((), -1, device=device)
+        )
 
     def observe(self, loss: torch.Tensor, step: int, where: str) -> None:
         """``loss`` of a micro-batch of optimizer step ``step`` (1-based)."""
@@ -34,6 +36,7 @@ class LossGuard:
             if not torch.isfinite(loss).item():
                 self._fail(step, f" ({loss.item()}, {where})")
             return
+        assert self.first_bad is not None  # kept on the device unless eager
         bad = ~torch.isfinite(loss.detach())
         self.first_bad = torch.where(bad & (self.first_bad < 0), step, self.first_bad)
 

@@ -146,7 +146,8 @@ def _readable_samples(task: Task, dataset: Any, split: str, tries: int = 20) -> 
     from ray_ddp.data.unreadable import BadSample, SkipUnreadable
 
     reader = SkipUnreadable(dataset)
-    samples, bad = [], []
+    samples: list[Any] = []
+    bad: list[Any] = []
     for index in range(min(tries, len(dataset))):
         sample = reader[index]
         (bad if isinstance(sample, BadSample) else samples).append(sample)
@@ -190,8 +191,10 @@ def weights_on_meta() -> Iterator[None]:
     from torch.nn.modules import module
 
     hooks = [
+        # torch annotates the hook's result None; a Parameter returned replaces the one
+        # registered, as its docstring says
         module.register_module_parameter_registration_hook(
-            lambda _, __, param: nn.Parameter(param.to("meta"), param.requires_grad)
+            lambda _, __, param: nn.Parameter(param.to("meta"), param.requires_grad)  # type: ignore[arg-type]
         ),
         module.register_module_buffer_registration_hook(
             lambda _, __, buffer: None if buffer is None else buffer.to("meta")

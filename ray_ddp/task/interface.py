@@ -79,7 +79,7 @@ class Sum(NamedTuple):
 
     total: torch.Tensor | float
     """Sum over the batch (e.g. correct predictions, summed absolute error)."""
-    count: torch.Tensor | float
+    count: torch.Tensor | float  # type: ignore[assignment]  # shadows tuple.count: the API's name
     """What the sum is over (samples, tokens, ...)."""
 
 
@@ -94,7 +94,9 @@ class Task(abc.ABC):
 
     # ------------------------------------------------------------------ required
     @abc.abstractmethod
-    def datasets(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple[Dataset, Dataset]:
+    def datasets(
+        self, cfg: TrainConfig, facts: dict[str, Any]
+    ) -> tuple[Dataset[Any], Dataset[Any]]:
         """The train and validation splits: map-style datasets (``__getitem__`` and
         ``__len__``) whose samples ``collate`` can batch. Called in every worker.
 
@@ -170,7 +172,7 @@ class Task(abc.ABC):
         exact resume; return False to skip that small per-sample cost."""
         return True
 
-    def example_inputs(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple | None:
+    def example_inputs(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple[Any, ...] | None:
         """Inputs of a forward call (batch of 2) for ``torch.export`` of the best model at
         the end; None (the default) exports the weights only."""
         return None
@@ -191,8 +193,9 @@ class Task(abc.ABC):
         (the default) prints nothing."""
         return None
 
-    def check(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple[int, int]:
-        """Driver-side checks before Ray starts; returns (train, val) sample counts.
+    def check(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple[int | None, int | None]:
+        """Driver-side checks before Ray starts; returns (train, val) sample counts (None:
+        not known on the driver, whose checks that need them are then skipped).
         The default builds the datasets, batches two training samples and runs ``loss``
         and ``metrics`` on them with the model's weights on the meta device (shapes only,
         no memory), so a broken task fails here in one line, not in every worker."""

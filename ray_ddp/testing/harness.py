@@ -144,7 +144,9 @@ def stall(
         elif planned.until_notice or planned.until_file:
             until = time.monotonic() + planned.seconds
             released = (
-                noticed if planned.until_notice else partial(os.path.exists, planned.until_file)
+                noticed
+                if planned.until_notice or planned.until_file is None
+                else partial(os.path.exists, planned.until_file)
             )
             while not released() and time.monotonic() < until:
                 time.sleep(0.1)

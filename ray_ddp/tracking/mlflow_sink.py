@@ -99,6 +99,12 @@ class MlflowSink:
                 raise Rejected(str(exc).splitlines()[0][:200]) from exc
             raise
 
+    @property
+    def opened_id(self) -> str:
+        """The run's id, once ``_open`` has found or made the run."""
+        assert self.run_id is not None, "the run is opened first"
+        return self.run_id
+
     def _deliver(self, items: list[Item]) -> None:
         if not self.ready:
             self._open()
@@ -106,25 +112,30 @@ class MlflowSink:
             self._reread()
         metrics, params, tags, files, end = self._sort(items)
         for chunk in _chunks(metrics, MAX_METRICS):
-            self.client.log_batch(self.run_id, metrics=chunk, synchronous=True)
+            self.client.log_batch(self.opened_id, metrics=chunk, synchronous=True)
         for chunk in _chunks(params, MAX_PARAMS):
-            self.client.log_batch(self.run_id, params=chunk, synchronous=True)
+            self.client.log_batch(self.opened_id, params=chunk, synchronous=True)
         for chunk in _chunks(tags, MAX_TAGS):
-            self.client.log_batch(self.run_id, tags=chunk, synchronous=True)
+            self.client.log_batch(self.opened_id, tags=chunk, synchronous=True)
         # Counted as sent once the server has them.
         for m in metrics:
             self.marks[m.key] = max(m.step, self.marks.get(m.key, m.step))
         self.params.update(p.key for p in params)
         for local, folder in files:
-            self.client.log_artifact(self.run_id, local, folder)
+            self.client.log_artifact(self.opened_id, local, folder)
         if end:
-            self.client.set_terminated(self.run_id, end)
+            self.client.set_terminated(self.opened_id, end)
 
     def _sort(self, items: list[Item]) -> tuple[list, list, list, list, str | None]:
         """The batch as MLflow's entities, without what the run already has."""
         from mlflow.entities import Metric, Param, RunTag
 
-        metrics, params, tags, files, end, seen = [], {}, {}, [], None, set()
+        metrics: list[Any] = []
+        params: dict[str, Any] = {}
+        tags: dict[str, Any] = {}
+        files: list[tuple[str, str | None]] = []
+        end: str | None = None
+        seen: set[tuple[Any, Any]] = set()
         for item in items:
             kind = item[0]
             if kind in METRICS:
@@ -160,7 +171,7 @@ class MlflowSink:
             if run.info.status != "RUNNING":
                 self.client.update_run(self.run_id, status="RUNNING")
         self.ready = True
-        self.opened(self.run_id)
+        self.opened(self.opened_id)
 
     def _existing(self) -> Any:
         if self.run_id is None:
@@ -200,7 +211,7 @@ class MlflowSink:
         logged since ``since_ms``)."""
         known = self.on_server | set(self.marks)
         for key in known:
-            history = self.client.get_metric_history(self.run_id, key)
+            history = self.client.get_metric_history(self.opened_id, key)
             steps = [m.step for m in history if m.timestamp >= self.since_ms]
             if steps:
                 self.marks[key] = max(steps)

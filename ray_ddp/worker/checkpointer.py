@@ -89,6 +89,7 @@ class Checkpointer:
             ray.train.report(metrics)
             return
         if self.asynchronous and shards is None:
+            assert saved is not None  # no shards: the whole state
             self._save_async(metrics, saved)
         else:
             self._save_sync(metrics, saved, shards)

@@ -28,10 +28,13 @@ def _counting_allreduce(
     counter.buckets += 1
     if bucket.is_last():
         counter.syncs += 1
-    return allreduce_hook(None, bucket)  # None: the default (world) process group
+    # None: the default (world) process group, which torch's hook takes (not in its types)
+    return allreduce_hook(None, bucket)  # type: ignore[arg-type]
 
 
-def attach_counter(ddp_model: torch.nn.parallel.DistributedDataParallel) -> AllReduceCounter:
+def attach_counter(ddp_model: torch.nn.Module) -> AllReduceCounter:
+    """Count ``ddp_model``'s all-reduces (a DDP-wrapped model: the hook is DDP's)."""
+    assert isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel), type(ddp_model)
     counter = AllReduceCounter()
     ddp_model.register_comm_hook(counter, _counting_allreduce)
     return counter

@@ -72,8 +72,8 @@ def build_worker_data(
         train_loader,
         train_order,
         val_loader,
-        train_size=len(train_ds),  # type: ignore[arg-type]
-        val_size=len(val_ds),  # type: ignore[arg-type]
+        train_size=len(train_ds),  # map-style: sized
+        val_size=len(val_ds),  # type: ignore[arg-type]  # map-style: sized
         steps_per_epoch=train_order.plan.steps,  # the order is at the epoch's start here
         accumulation=accumulation(cfg.global_batch_size, cfg.optim.batch_size, worker.world_size),
         order_record=order_record(train_order.plan, fingerprint),

@@ -15,7 +15,9 @@ def build_optimizer(cfg: TrainConfig, params: Iterable[Any]) -> torch.optim.Opti
     """AdamW or SGD over ``params``: parameters, or param-group dicts (a task's
     ``param_groups``) that may set their own ``weight_decay`` and an ``lr_scale``, a factor
     on the schedule's lr that the group keeps (so a resume applies it to a new --lr too)."""
-    groups = [dict(g) if isinstance(g, dict) else {"params": [g]} for g in params]
+    groups: list[dict[str, Any]] = [
+        dict(g) if isinstance(g, dict) else {"params": [g]} for g in params
+    ]
     if groups and all(set(g) == {"params"} for g in groups):
         groups = [{"params": [p for g in groups for p in g["params"]]}]  # one plain group
     for group in groups:

@@ -14,7 +14,7 @@ step-level hooks (``worker.hooks``), the exact evaluation (``worker.evaluate``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -136,7 +136,9 @@ class Run:
         wrapped = []
         for model in models:
             prepared = ray.train.torch.prepare_model(model)
-            wrapped.append(torch.compile(prepared) if self.config.target.compile else prepared)
+            if self.config.target.compile:  # a Module (OptimizedModule): typed as a callable
+                prepared = cast(torch.nn.Module, torch.compile(prepared))
+            wrapped.append(prepared)
         self.models += wrapped
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 

@@ -129,6 +129,9 @@ class Stepper:
         # DDP's all-reduce averages over the ranks: each rank's part is multiplied back.
         if isinstance(loss, Sum):
             total, count = loss
+            if not isinstance(total, torch.Tensor):
+                raise TypeError("run.backward(Sum(total, count)): total is the loss tensor to "
+                                f"differentiate, got {type(total).__name__}")  # fmt: skip
             kept = 0.0 if micro.filler else 1.0
             count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * kept
             self.count = count if self.count is None else self.count + count

@@ -69,7 +69,7 @@ class PreemptionWatch:
         self,
         every_steps: int,
         log: Callable[[str], None],
-        wait_upload: Callable[[], None] = lambda: None,
+        wait_upload: Callable[[], object] = lambda: None,
         holding: Callable[[], None] = lambda: None,
         registered: Callable[[float], bool] = registered,
         clock: Callable[[], float] = time.time,

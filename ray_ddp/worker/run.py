@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -75,6 +75,10 @@ from ray_ddp.worker.step import EpochPosition, Limits, StepCore, train_segment
 from ray_ddp.worker.timing import StepTimer
 from ray_ddp.worker.unreadable import EpochSkips, rewind, settle
 
+if TYPE_CHECKING:
+    from ray_ddp.io.run_logs import RunLogs
+    from ray_ddp.worker.flops import FlopRate
+
 
 class WorkerRun:
     """A worker's run: its config, task, data, model and training state, and the stages
@@ -115,7 +119,7 @@ class WorkerRun:
             lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
         )  # fmt: skip
         self.limits = Limits(cfg.optim.max_steps, cfg.checkpointing.checkpoint_every, reclaims)
-        self.logs = None
+        self.logs: RunLogs | None = None
         self.tracking = Settings.from_dict(tracking) if worker.is_main else None
         self.tracker: Tracker | None = None
         steps = step_range(cfg.logging.profile_steps)
@@ -152,7 +156,7 @@ class WorkerRun:
             if not fsdp:  # a sharded checkpoint's weights: read into the shards, later
                 self.model.load_state_dict(restored.state["model"])
         channels_last = use_channels_last(cfg.data.channels_last, self.model, worker.device)
-        flops = None
+        flops: FlopRate | None = None  # counted in one branch or the other below
         # Under FSDP2, --amp bf16 is mostly its MixedPrecisionPolicy: then no autocast.
         self.autocast = "off" if fsdp and bf16_policy(self.model, cfg.optim.amp) else cfg.optim.amp
         if fsdp:  # counted on a copy of the whole model, which sharding takes apart
@@ -185,6 +189,7 @@ class WorkerRun:
             example = example_batch(self.data, worker.device, self.watchdog)
             flops = count_flops(cfg, worker, self.task, model, example, self.watchdog)
         self.core.stand_in = example
+        assert flops is not None
         self.so_far = RunSoFar(flops=flops)
         mark("FLOPs counted", self.me)
 
@@ -207,8 +212,8 @@ class WorkerRun:
         if worker.is_main:
             from ray_ddp.io.run_logs import RunLogs  # tensorboardX: rank 0's alone
 
-            self.logs = RunLogs(cfg.checkpointing.run_dir, cfg.logging.tensorboard)
-            chain.append(seen.StepLogs(self.logs, cfg.logging.log_every_steps))
+            self.logs = logs = RunLogs(cfg.checkpointing.run_dir, cfg.logging.tensorboard)
+            chain.append(seen.StepLogs(logs, cfg.logging.log_every_steps))
             if cfg.logging.progress_interval_s > 0:
                 chain.append(seen.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
             if self.tracking is not None:
@@ -222,6 +227,7 @@ class WorkerRun:
     def _tracker_run(self) -> str | None:
         """The tracker run this run continues: the one kept in the run's folder, else in
         its own checkpoint (``--resume-from``'s belongs to another run); None: a new one."""
+        assert self.tracking is not None  # rank 0's, tracking on
         kept = read_run_id(self.cfg.checkpointing.run_dir, self.tracking.kind)
         own = self.restored is not None and self.restored.own
         return kept or (self.state.progress.tracking_run if own else None)
@@ -300,8 +306,12 @@ class WorkerRun:
             self.reclaims.after_checkpoint(state.progress.step)
         seconds = time.perf_counter() - started
         self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
-        totals = {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}
-        totals = sum_over_ranks(totals, worker.device)
+        local: dict[str, float | torch.Tensor] = {
+            "loss_sum": sums.loss_sum,
+            "samples": sums.samples,
+            "trained": trained,
+        }
+        totals = sum_over_ranks(local, worker.device)
         return EpochTrained(
             loss_sum=totals["loss_sum"], samples=int(totals["samples"]),
             all_trained=int(totals["trained"]), own_trained=trained, skipped=skipped,

@@ -146,10 +146,11 @@ def load_shards(
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     model_state, optimizer_state = get_state_dict(model, optimizer)
-    wanted = {"model": model_state, "optimizer": optimizer_state}
-    dcp.load(wanted, checkpoint_id=os.path.join(directory, SHARDS))
-    set_state_dict(model, optimizer, model_state_dict=wanted["model"],
-                   optim_state_dict=wanted["optimizer"])  # fmt: skip
+    dcp.load(
+        {"model": model_state, "optimizer": optimizer_state},
+        checkpoint_id=os.path.join(directory, SHARDS),
+    )  # loads in place: the dicts hold the checkpoint's values now
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
 
 
 def load_model_shards(directory: str, model: nn.Module) -> None:

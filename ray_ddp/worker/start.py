@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import ray.train
 import ray.train.torch
@@ -93,7 +93,8 @@ def wrap_model(
         )
         return shard_model(model, blocks, amp, worker.device, worker.world_size)
     model = ray.train.torch.prepare_model(model)
-    return torch.compile(model) if compiled else model
+    # compile gives a Module a Module (OptimizedModule); its types say only a callable
+    return cast(torch.nn.Module, torch.compile(model)) if compiled else model
 
 
 def build_train_state(

@@ -66,7 +66,8 @@ class TrainState:
     model: torch.nn.Module
     """As trained: wrapped in DDP when there is more than one worker."""
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    """Warm-up then cosine (``build_scheduler``): a resume sets its step (``set_schedule_step``)."""
     scaler: torch.amp.GradScaler
     progress: TrainProgress = field(default_factory=TrainProgress)
 

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -72,7 +73,10 @@ class StepCore:
     start does not forget it)."""
 
     def __post_init__(self) -> None:
-        self.no_sync = getattr(self.state.model, "no_sync", None)  # no DDP with one worker
+        # DDP's no_sync(); none with one worker (no DDP)
+        self.no_sync: Callable[[], AbstractContextManager[Any]] | None = getattr(
+            self.state.model, "no_sync", None
+        )
         if is_fsdp(self.state.model):  # FSDP2's own switch, the same idea
             self.no_sync = functools.partial(no_gradient_sync, self.state.model)
         # DDP's all-reduce and FSDP2's reduce-scatter average the ranks' gradients: each
@@ -85,8 +89,8 @@ class StepCore:
         (the mean over its samples)."""
         # Only the boundary micro-step all-reduces gradients; the others accumulate locally
         # under no_sync() (the guide's version all-reduced on every micro-step).
-        local = self.no_sync is not None and not slot.boundary
-        with self.no_sync() if local else contextlib.nullcontext():
+        local = None if slot.boundary else self.no_sync
+        with local() if local is not None else contextlib.nullcontext():
             if self.channels_last:
                 batch = map_tensors(batch, _channels_last)
             # Dropout and the like follow the micro-batch, whichever rank trains it.

@@ -189,17 +189,17 @@ class Bounds(_Computed):
     """An :class:`EpochPlan`'s micro-batches as (begin, end) positions in its order."""
 
     def __init__(self, plan: EpochPlan) -> None:
-        self.plan, self.count = plan, plan.micro_batches
+        self.plan, self.length = plan, plan.micro_batches
 
     def __len__(self) -> int:
-        return self.count
+        return self.length
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
-            return [self[k] for k in range(self.count)[key]]
-        k = range(self.count)[key]  # negative numbers and IndexError as a list's
+            return [self[k] for k in range(self.length)[key]]
+        k = range(self.length)[key]  # negative numbers and IndexError as a list's
         begin = self.plan.start + k * self.plan.batch_size
-        return (begin, self.plan.size if k == self.count - 1 else begin + self.plan.batch_size)
+        return (begin, self.plan.size if k == self.length - 1 else begin + self.plan.batch_size)
 
 
 _BLOCK = 8192
@@ -219,7 +219,7 @@ class RankSlots(_Computed):
         self.steps = steps = plan.steps
         self.last_micro = self.micro_batches - (steps - 1) * self.per_step  # the last step's
         self.full, self.last_turns = self.turns(self.per_step), self.turns(self.last_micro)
-        self.count = (steps - 1) * self.full + self.last_turns if steps else 0
+        self.length = (steps - 1) * self.full + self.last_turns if steps else 0
 
     def turns(self, micro: int) -> int:
         """Slots this rank trains in a step of ``micro`` micro-batches: its own (``rank``,
@@ -228,7 +228,7 @@ class RankSlots(_Computed):
         return max(mine, -(-micro // self.world_size) if self.lockstep else 1)
 
     def __len__(self) -> int:
-        return self.count
+        return self.length
 
     def _slots(self, numbers: range) -> list[Slot]:
         """Slots ``numbers`` (consecutive), their indices taken from the order at once."""
@@ -259,13 +259,13 @@ class RankSlots(_Computed):
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
-            return self._slots(range(self.count)[key])
-        return self._slots(range(self.count)[key : key + 1 or None])[0]
+            return self._slots(range(self.length)[key])
+        return self._slots(range(self.length)[key : key + 1 or None])[0]
 
     def __iter__(self) -> Iterator[Slot]:
         per_block = max(1, _BLOCK // self.plan.batch_size)  # slots of ~_BLOCK samples
-        for begin in range(0, self.count, per_block):
-            yield from self._slots(range(begin, min(begin + per_block, self.count)))
+        for begin in range(0, self.length, per_block):
+            yield from self._slots(range(begin, min(begin + per_block, self.length)))
 
 
 def _take(order: Sequence[int], spans: list[tuple[int, int]]) -> list[list[int]]:

@@ -81,7 +81,14 @@ class Splits(DataConfig):
             verbose_progress=options.verbose_progress,
         )
 
-    def configure(self, datasets, world_size, worker_handles, worker_node_ids, **kwargs):
+    def configure(
+        self,
+        datasets: dict[str, Any],
+        world_size: int,
+        worker_handles: Any,
+        worker_node_ids: Any,
+        **kwargs: Any,
+    ) -> list[dict[str, Any]]:
         output: list[dict[str, Any]] = [{} for _ in range(world_size)]
         for name, ds in datasets.items():
             if name != "val":

@@ -178,7 +178,7 @@ class TrainBatches:
     def __init__(self, order: StreamOrder) -> None:
         self.order = order
 
-    def __iter__(self) -> Iterator[tuple]:
+    def __iter__(self) -> Iterator[tuple[Any, ...] | None]:
         ready = self.order.ready
         while True:
             yield ready.popleft() if ready else None

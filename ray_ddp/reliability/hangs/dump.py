@@ -292,7 +292,8 @@ def collect_nccl_trace(site: HangSite) -> None:
     if dist.get_backend() != "nccl":
         return
     try:
-        from torch._C._distributed_c10d import _dump_nccl_trace
+        # torch's private binding (NCCL builds only), absent from its type stubs
+        from torch._C._distributed_c10d import _dump_nccl_trace  # type: ignore[attr-defined]
 
         write_bytes(join(site.folder, f"rank-{site.rank}.nccl-trace.pkl"), _dump_nccl_trace())
     except Exception as exc:  # noqa: BLE001 - a missing trace must not stop the report
