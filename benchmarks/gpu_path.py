@@ -107,8 +107,8 @@ def run(
         DataLoader(train, batch_sampler=order, pin_memory=device.type == "cuda"), device
     )
     steps = order.plan.steps
-    optimizer = build_optimizer(cfg, model.parameters())
-    scheduler = build_scheduler(cfg, optimizer, steps)
+    optimizer = build_optimizer(cfg.optim, model.parameters())
+    scheduler = build_scheduler(cfg.optim, optimizer, steps)
     state = TrainState(model, optimizer, scheduler, scaler or grad_scaler(amp, device))
     core = StepCore(
         state,

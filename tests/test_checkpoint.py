@@ -29,8 +29,8 @@ META = task_meta(
 def _write(directory: str, compiled: bool = False) -> torch.nn.Module:
     cfg = TrainConfig()
     model = build_model("small_cnn", (3, 16, 16), 10)
-    optimizer = build_optimizer(cfg, model.parameters())
-    scheduler = build_scheduler(cfg, optimizer, total_steps=50)
+    optimizer = build_optimizer(cfg.optim, model.parameters())
+    scheduler = build_scheduler(cfg.optim, optimizer, total_steps=50)
     # --compile trains torch.compile's wrapper (here with the eager backend: the wrapper,
     # not the generated code, is what a checkpoint could carry into its keys).
     trained = torch.compile(model, backend="eager") if compiled else model

@@ -40,11 +40,11 @@ FLAGS = dict(model="small_cnn", num_workers=2, batch_size=32, epochs=3, seed=7, 
 
 def _restored(now: TrainConfig) -> TrainState:
     net = build_model("small_cnn", (3, 16, 16), 10)
-    optimizer = build_optimizer(now, net.parameters())
+    optimizer = build_optimizer(now.optim, net.parameters())
     return TrainState(
         net,
         optimizer,
-        build_scheduler(now, optimizer, 100),
+        build_scheduler(now.optim, optimizer, 100),
         grad_scaler("off", torch.device("cpu")),
     )
 

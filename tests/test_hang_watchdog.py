@@ -375,17 +375,18 @@ def test_epoch_timing_takes_the_median_of_the_steps_with_the_usual_micro_batch_c
 
 def test_the_process_group_timeout_comes_after_every_allowance_and_nccl_is_set_up():
     cfg = TrainConfig(num_workers=2, name="r")
-    assert process_group_timeout_s(cfg) == 2 * 600 + 60
-    assert process_group_timeout_s(cfg.replace(hang_timeout=0)) == 1800
-    assert process_group_timeout_s(cfg.replace(hang_timeout=900, hang_grace=60)) == 1860
-    assert nccl_env(cfg.replace(use_gpu=False)) == {}
-    env = nccl_env(cfg.replace(use_gpu=True))
+    assert process_group_timeout_s(cfg.reliability) == 2 * 600 + 60
+    assert process_group_timeout_s(cfg.replace(hang_timeout=0).reliability) == 1800
+    hung = cfg.replace(hang_timeout=900, hang_grace=60)
+    assert process_group_timeout_s(hung.reliability) == 1860
+    assert nccl_env(False, "r") == {} and nccl_env(None, "r") == {}
+    env = nccl_env(True, "r")
     assert (
         env["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "2000" and env["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1"
     )
     assert env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/tmp/ray_ddp_nccl_trace_r_rank_"
     os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"] = "50"
     try:
-        assert nccl_env(cfg.replace(use_gpu=True))["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
+        assert nccl_env(True, "r")["TORCH_NCCL_TRACE_BUFFER_SIZE"] == "50"
     finally:
         del os.environ["TORCH_NCCL_TRACE_BUFFER_SIZE"]

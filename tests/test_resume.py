@@ -21,8 +21,8 @@ STEPS_PER_EPOCH = 10
 
 def _state(cfg: TrainConfig, scaler: torch.amp.GradScaler | None = None) -> TrainState:
     model = build_model("small_cnn", (3, 16, 16), 10)
-    optimizer = build_optimizer(cfg, model.parameters())
-    scheduler = build_scheduler(cfg, optimizer, STEPS_PER_EPOCH * cfg.optim.epochs)
+    optimizer = build_optimizer(cfg.optim, model.parameters())
+    scheduler = build_scheduler(cfg.optim, optimizer, STEPS_PER_EPOCH * cfg.optim.epochs)
     return TrainState(
         model, optimizer, scheduler, scaler or grad_scaler("off", torch.device("cpu"))
     )
@@ -122,11 +122,11 @@ def test_another_global_batch_continues_the_schedule_at_the_epochs_done():
 
 def _scaled(cfg: TrainConfig, total_steps: int):
     model = build_model("small_cnn", (3, 16, 16), 10)
-    optimizer = build_optimizer(cfg, model.parameters())
+    optimizer = build_optimizer(cfg.optim, model.parameters())
     return (
         model,
         optimizer,
-        build_scheduler(cfg, optimizer, total_steps),
+        build_scheduler(cfg.optim, optimizer, total_steps),
         grad_scaler("off", torch.device("cpu")),
     )
 

@@ -128,19 +128,19 @@ def test_param_groups_keep_their_own_weight_decay_and_lr_scale_across_a_resume()
         {"params": list(model[1].parameters()), "weight_decay": 0.0, "lr_scale": 0.1},
     ]
     cfg = TrainConfig(lr=1e-2, weight_decay=0.05)
-    optimizer = build_optimizer(cfg, groups)
+    optimizer = build_optimizer(cfg.optim, groups)
     assert [g["lr"] for g in optimizer.param_groups] == [1e-2, 1e-3]
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.05, 0.0]
-    scheduler = build_scheduler(cfg, optimizer, total_steps=10)
+    scheduler = build_scheduler(cfg.optim, optimizer, total_steps=10)
     saved = (optimizer.state_dict(), scheduler.state_dict())
     # The resumed run asks for another peak lr and decay: the task's own settings stay.
     new = TrainConfig(lr=2e-2, weight_decay=0.1)
-    optimizer = build_optimizer(new, groups)
-    scheduler = build_scheduler(new, optimizer, total_steps=10)
+    optimizer = build_optimizer(new.optim, groups)
+    scheduler = build_scheduler(new.optim, optimizer, total_steps=10)
     fresh = hyperparameters(optimizer)
     optimizer.load_state_dict(saved[0])
     scheduler.load_state_dict(saved[1])
-    changes = apply_hyperparameters(new, optimizer, scheduler, fresh)
+    changes = apply_hyperparameters(new.optim, optimizer, scheduler, fresh)
     assert [g["weight_decay"] for g in optimizer.param_groups] == [0.1, 0.0]
     assert scheduler.base_lrs == pytest.approx([2e-2, 2e-3])
     assert "peak lr 0.01 -> 0.02" in changes and "weight decay 0.05 -> 0.1" in changes

@@ -63,7 +63,7 @@ def build_trainer(
         train_loop_config=loop_config,
         **ray_data,  # datasets and their split (--data-engine ray)
         # backend=None: Ray picks NCCL when the workers have GPUs, gloo otherwise.
-        torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg)),
+        torch_config=TorchConfig(backend=None, timeout_s=process_group_timeout_s(cfg.reliability)),
         scaling_config=ScalingConfig(
             # (MIN, MAX) for an elastic run: Train v2's ScalingConfig; the stubs mypy reads
             # are Train v1's, which has no elastic range (nor the keywords below)
@@ -88,6 +88,10 @@ def build_trainer(
                 *(callbacks or []),
             ],
             failure_config=FailureConfig(max_failures=cfg.failures_allowed),
-            worker_runtime_env={"env_vars": nccl_env(cfg)} if cfg.scaling.use_gpu else None,
+            worker_runtime_env=(
+                {"env_vars": nccl_env(True, cfg.checkpointing.name)}
+                if cfg.scaling.use_gpu
+                else None
+            ),
         ),
     )

@@ -8,10 +8,10 @@ from typing import Any
 
 import torch
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Optimisation
 
 
-def build_optimizer(cfg: TrainConfig, params: Iterable[Any]) -> torch.optim.Optimizer:
+def build_optimizer(optim: Optimisation, params: Iterable[Any]) -> torch.optim.Optimizer:
     """AdamW or SGD over ``params``: parameters, or param-group dicts (a task's
     ``param_groups``) that may set their own ``weight_decay`` and an ``lr_scale``, a factor
     on the schedule's lr that the group keeps (so a resume applies it to a new --lr too)."""
@@ -21,15 +21,15 @@ def build_optimizer(cfg: TrainConfig, params: Iterable[Any]) -> torch.optim.Opti
     if groups and all(set(g) == {"params"} for g in groups):
         groups = [{"params": [p for g in groups for p in g["params"]]}]  # one plain group
     for group in groups:
-        group["lr"] = cfg.optim.lr * group.setdefault("lr_scale", 1.0)
-    if cfg.optim.optimizer == "sgd":
+        group["lr"] = optim.lr * group.setdefault("lr_scale", 1.0)
+    if optim.optimizer == "sgd":
         return torch.optim.SGD(
             groups,
-            lr=cfg.optim.lr,
-            momentum=cfg.optim.momentum,
-            weight_decay=cfg.optim.weight_decay,
+            lr=optim.lr,
+            momentum=optim.momentum,
+            weight_decay=optim.weight_decay,
         )
-    return torch.optim.AdamW(groups, lr=cfg.optim.lr, weight_decay=cfg.optim.weight_decay)
+    return torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
@@ -49,17 +49,13 @@ def default_warmup(total_steps: int) -> int:
 
 
 def build_scheduler(
-    cfg: TrainConfig, optimizer: torch.optim.Optimizer, total_steps: int
+    optim: Optimisation, optimizer: torch.optim.Optimizer, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
-    warmup = (
-        cfg.optim.warmup_steps
-        if cfg.optim.warmup_steps is not None
-        else default_warmup(total_steps)
-    )
+    warmup = optim.warmup_steps if optim.warmup_steps is not None else default_warmup(total_steps)
     # A lambda (not a callable object): LambdaLR then keeps it out of its state_dict, so a
     # resumed run with more epochs uses the new total instead of the checkpoint's.
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: lr_factor(step, warmup, total_steps, cfg.optim.min_lr_ratio)
+        optimizer, lambda step: lr_factor(step, warmup, total_steps, optim.min_lr_ratio)
     )
 
 
@@ -105,7 +101,7 @@ def hyperparameters(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
 
 
 def apply_hyperparameters(
-    cfg: TrainConfig,
+    optim: Optimisation,
     optimizer: torch.optim.Optimizer,
     scheduler: torch.optim.lr_scheduler.LambdaLR,
     fresh: list[dict[str, Any]],
@@ -124,9 +120,9 @@ def apply_hyperparameters(
             if old is not None and old != value and note not in changes:
                 changes.append(note)
             group[key] = value
-    if not math.isclose(old_lr, cfg.optim.lr, rel_tol=1e-12):
-        changes.append(f"peak lr {old_lr:g} -> {cfg.optim.lr:g}")
-    scheduler.base_lrs = [cfg.optim.lr * g.get("lr_scale", 1.0) for g in optimizer.param_groups]
+    if not math.isclose(old_lr, optim.lr, rel_tol=1e-12):
+        changes.append(f"peak lr {old_lr:g} -> {optim.lr:g}")
+    scheduler.base_lrs = [optim.lr * g.get("lr_scale", 1.0) for g in optimizer.param_groups]
     for group, base in zip(optimizer.param_groups, scheduler.base_lrs, strict=True):
         group["initial_lr"] = base
     set_schedule_step(scheduler, scheduler.last_epoch)

@@ -13,7 +13,6 @@ from typing import Any
 import ray.train
 
 from ray_ddp.checkpoint.format import is_fsdp, state_of
-from ray_ddp.config import TrainConfig
 from ray_ddp.io import reporting
 from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import all_gather, broadcast_buffers
@@ -27,7 +26,7 @@ UNSCORED = -sys.float_info.max
 
 
 def write_mid_epoch_checkpoint(
-    cfg: TrainConfig,
+    config: dict[str, Any],
     worker: Worker,
     state: TrainState,
     meta: dict[str, Any],
@@ -48,7 +47,7 @@ def write_mid_epoch_checkpoint(
         **unscored(*score),
         "lr": state.lr,
     }
-    checkpoint_and_report(cfg, worker, state, meta, metrics, sums, checkpointer)
+    checkpoint_and_report(config, worker, state, meta, metrics, sums, checkpointer)
     progress.sample = 0
     worker.log(
         f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, sample {position.sample})"
@@ -63,7 +62,7 @@ def unscored(metric: str, mode: str) -> dict[str, float]:
 
 
 def checkpoint_and_report(
-    cfg: TrainConfig,
+    config: dict[str, Any],
     worker: Worker,
     state: TrainState,
     meta: dict[str, Any],
@@ -75,8 +74,9 @@ def checkpoint_and_report(
     before_report: Any = None,
 ) -> list[dict[str, Any]]:
     """Every rank reports (a barrier); rank 0 attaches a checkpoint of every rank's state
-    at this optimizer-step boundary through ``checkpointer`` (a sharded model's: every
-    rank attaches its shard, and rank 0 the rest). Returns every rank's speed, memory and
+    and ``config`` (the run's config as the flat dict a resume and ``load_model`` read) at
+    this optimizer-step boundary through ``checkpointer`` (a sharded model's: every rank
+    attaches its shard, and rank 0 the rest). Returns every rank's speed, memory and
     ``timing`` (its epoch's data wait and ready time, ``EpochTiming.summary``).
     ``before_report(metrics)``: rank 0's, with the metrics complete, before Ray has them
     (after the report, a Tune trial may be stopped)."""
@@ -105,7 +105,7 @@ def checkpoint_and_report(
         if before_report is not None:
             before_report(metrics)
         partial = [g["sums"] for g in gathered]
-        saved = state_of(state, config=cfg.to_dict(), task_meta=meta,
+        saved = state_of(state, config=config, task_meta=meta,
                          world_size=worker.world_size, epoch_partial=partial)  # fmt: skip
     shards = functools.partial(_write_shards, state=state) if sharded else None
     checkpointer.save(metrics, saved, shards, started)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Optimisation
 from ray_ddp.io import reporting
 from ray_ddp.io.storage import join, write_bytes
 from ray_ddp.task import Task
@@ -96,7 +96,7 @@ def fresh_sums(ledger: bool) -> EpochSums:
 
 
 def write_ledger(
-    cfg: TrainConfig, worker: Worker, epoch: int, ledger: list[tuple[int, int]] | None
+    run_dir: str, worker: Worker, epoch: int, ledger: list[tuple[int, int]] | None
 ) -> None:
     """The sample ledger (a test's, ``ray_ddp.testing``): every rank's ``(step, index)`` of
     the finished epoch, gathered to rank 0 and written to ``<run>/ledger/epoch-<N>.csv`` (a
@@ -105,9 +105,7 @@ def write_ledger(
     if not worker.is_main:
         return
     lines = ["step,index", *(f"{step},{index}" for step, index in sorted(rows))]
-    path = join(
-        cfg.checkpointing.run_dir, "ledger", f"epoch-{epoch + 1}.csv"
-    )  # a local path or a URI
+    path = join(run_dir, "ledger", f"epoch-{epoch + 1}.csv")  # a local path or a URI
     write_bytes(path, ("\n".join(lines) + "\n").encode())
 
 
@@ -133,7 +131,7 @@ def epoch_metrics(
 
 
 def log_epoch(
-    cfg: TrainConfig,
+    optim: Optimisation,
     worker: Worker,
     logs: RunLogs | None,
     metrics: dict[str, Any],
@@ -145,12 +143,12 @@ def log_epoch(
     """The epoch line, stragglers and the per-worker table from rank 0; the run logs'
     epoch row (rank 0's ``logs``). (``ranks``: the rank table's rows, for the stragglers'
     hosts.)"""
-    worker.log(reporting.epoch_line(metrics, cfg.optim.epochs))
+    worker.log(reporting.epoch_line(metrics, optim.epochs))
     for line in reporting.straggler_lines(per_rank, ranks):
         worker.log(line)
     if progress.sample:  # stopped inside the epoch
         worker.log(
-            f"stopped at --max-steps {cfg.optim.max_steps}, sample {progress.sample}/"
+            f"stopped at --max-steps {optim.max_steps}, sample {progress.sample}/"
             f"{train_size} of epoch {progress.epoch + 1}: a re-run with more steps "
             "continues from there"
         )

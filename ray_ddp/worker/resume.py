@@ -242,7 +242,7 @@ def _restore_optimizer(restored: Restored, state: TrainState, cfg: TrainConfig) 
     ):  # AdamW's moments mean nothing to SGD (and the other way round)
         notes.append(f"optimizer {saved_kind} -> {cfg.optim.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
-    changes = apply_hyperparameters(cfg, state.optimizer, state.scheduler, fresh)
+    changes = apply_hyperparameters(cfg.optim, state.optimizer, state.scheduler, fresh)
     return notes + [f"{change} (from the flags)" for change in changes]
 
 

@@ -328,7 +328,7 @@ class WorkerRun:
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
         self._keep_tracker_run()
-        write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
+        write_mid_epoch_checkpoint(self.cfg.to_dict(), self.worker, self.state, self.meta, position,
                                    sums, score, self.writer)  # fmt: skip
         self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
 
@@ -364,7 +364,7 @@ class WorkerRun:
         progress.bad_samples = 0 if finished else skips.train
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         if finished and self.harness.sample_ledger:
-            write_ledger(cfg, self.worker, epoch, trained.ledger)
+            write_ledger(cfg.checkpointing.run_dir, self.worker, epoch, trained.ledger)
         metrics = epoch_metrics(self.task, self.state, trained, evaluated, epoch + 1)
         metrics.update(world_size=self.worker.world_size, accum_steps=data.accumulation)
         metrics.update(self.so_far.flops.of(metrics["samples_per_s"]), bad_samples=skips.total)
@@ -377,10 +377,10 @@ class WorkerRun:
         speed = trained.own_trained / trained.seconds
         self.watchdog.doing("epoch end: checkpoint and report", slow=True)
         self._keep_tracker_run()
-        per_rank = checkpoint_and_report(cfg, self.worker, self.state, self.meta, metrics, own,
-                                         self.writer, speed, timing,
+        per_rank = checkpoint_and_report(cfg.to_dict(), self.worker, self.state, self.meta,
+                                         metrics, own, self.writer, speed, timing,
                                          self._track_epoch)  # fmt: skip
-        log_epoch(cfg, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
+        log_epoch(cfg.optim, self.worker, self.logs, metrics, per_rank, progress, data.train_size,
                   self.ranks)  # fmt: skip
         self.watchdog.progress("epoch end")
         self.so_far.add(metrics, trained, per_rank)

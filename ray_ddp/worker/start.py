@@ -107,11 +107,11 @@ def build_train_state(
     and does not reshape it, so a run stopped by it and re-run without it is the run that
     was never stopped."""
     total_steps = data.steps_per_epoch * cfg.optim.epochs
-    optimizer = build_optimizer(cfg, task.param_groups(unwrap(model), cfg))
+    optimizer = build_optimizer(cfg.optim, task.param_groups(unwrap(model), cfg))
     return TrainState(
         model=model,
         optimizer=optimizer,
-        scheduler=build_scheduler(cfg, optimizer, total_steps),
+        scheduler=build_scheduler(cfg.optim, optimizer, total_steps),
         scaler=grad_scaler(cfg.optim.amp, worker.device),
     )
 

@@ -19,23 +19,23 @@ from __future__ import annotations
 
 import os
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Reliability
 
 DEFAULT_PG_TIMEOUT_S = 1800  # Ray's and gloo's default, kept when the watchdog is off
 TRACE_ENTRIES = 2000
 
 
-def process_group_timeout_s(cfg: TrainConfig) -> int:
-    if cfg.reliability.hang_timeout == 0:
+def process_group_timeout_s(reliability: Reliability) -> int:
+    if reliability.hang_timeout == 0:
         return DEFAULT_PG_TIMEOUT_S
-    return int(2 * max(cfg.reliability.hang_grace, cfg.reliability.hang_timeout or 0) + 60)
+    return int(2 * max(reliability.hang_grace, reliability.hang_timeout or 0) + 60)
 
 
-def nccl_env(cfg: TrainConfig) -> dict[str, str]:
-    """The ``TORCH_NCCL_*`` variables GPU workers start with (none for CPU workers)."""
-    if not cfg.scaling.use_gpu:
+def nccl_env(use_gpu: bool | None, name: str | None) -> dict[str, str]:
+    """The ``TORCH_NCCL_*`` variables GPU workers (``use_gpu``) of run ``name`` start with
+    (none for CPU workers)."""
+    if not use_gpu:
         return {}
-    name = cfg.checkpointing.name
     wanted = {
         "TORCH_NCCL_TRACE_BUFFER_SIZE": str(TRACE_ENTRIES),
         "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
