@@ -282,7 +282,7 @@ def continue_epoch(
             f"with --restart-epoch to start epoch {progress.epoch + 1} over"
         )
     version = saved_version(saved)
-    if version != record["version"] and not record["streamed"]:  # streamed: the same
+    if version != record["version"]:
         data.train_order.finish_in(progress.epoch, version)
         worker.log(
             f"epoch {progress.epoch + 1} is finished in the order its checkpoint counted in "
