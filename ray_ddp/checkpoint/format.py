@@ -105,7 +105,7 @@ def state_of(
         "config": config,
         "task_meta": task_meta,
         "world_size": world_size,
-        "epoch_partial": [[s.loss_sum, s.samples] for s in partial],
+        "epoch_partial": [[s.loss_sum, s.samples, s.count] for s in partial],
     }
     ledgers = [s.ledger for s in partial if s.ledger is not None]
     if ledgers:  # --sample-ledger, a testing aid

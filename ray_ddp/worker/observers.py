@@ -328,7 +328,7 @@ class Progress(StepObserver):
             self.epochs,
             min(now.plan.start + now.trained * ranks, now.plan.size),
             now.plan.size,
-            now.loss_sum.item() / max(1, now.seen),
+            now.loss_sum.item() / max(1.0, now.loss_count.item()),
             now.trained * ranks / elapsed,
             elapsed * (now.micro_batches - done) / done,
         )

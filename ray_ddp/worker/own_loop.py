@@ -29,7 +29,8 @@ from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import is_distributed
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.micro import Micro, Step
-from ray_ddp.worker.own_parts import Evaluation, Stepper, StepSource, load_into, saved_states
+from ray_ddp.worker.optim import Stepper
+from ray_ddp.worker.own_parts import Evaluation, StepSource, load_into, saved_states
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast, grad_scaler
 from ray_ddp.worker.preemption import PreemptionWatch
@@ -76,7 +77,7 @@ class Run:
         self.scaler = grad_scaler(cfg.amp, worker.device)
         if self.restored is not None:
             self.scaler.load_state_dict(self.restored.state.get("scaler", {}))
-        self.stepper = Stepper(self.scaler, cfg.grad_clip, worker.world_size, worker.device)
+        self.stepper = Stepper(self.scaler, worker.world_size, worker.device)
         self.states: dict[str, Any] = {}
         self.models: list[torch.nn.Module] = []
         self.source = StepSource(self)
@@ -194,7 +195,7 @@ class Run:
         """The backward of ``micro``'s loss: a mean over its samples (weighted by its share
         of the step's samples), or a ``Sum(total, count)`` (the step's gradient is then
         the sum over every rank's totals divided by every rank's counts: tokens, say)."""
-        self.stepper.backward(loss, micro)
+        self.stepper.backward(loss, micro.weight)
 
     def step(
         self, *optimizers: torch.optim.Optimizer, schedules: Iterable[Any] = (),

@@ -1,9 +1,8 @@
 """The parts under an own loop's verbs (``worker.own_loop.Run``) that are its alone so far:
-the steps of an epoch that advance the run's position (:class:`StepSource`), the weighted
-backward and the optimizer step (:class:`Stepper`), the exact evaluation of any dataset
-(:class:`Evaluation`), and the named states a checkpoint holds (:func:`saved_states`,
-:func:`load_into`). Each reads the run's position and config; none advances the position
-but :class:`StepSource`.
+the steps of an epoch that advance the run's position (:class:`StepSource`), the exact
+evaluation of any dataset (:class:`Evaluation`), and the named states a checkpoint holds
+(:func:`saved_states`, :func:`load_into`). Each reads the run's position and config;
+none advances the position but :class:`StepSource`.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import default_collate
 
 from ray_ddp.checkpoint.format import FORMAT_VERSION, CheckpointError, ResumeRefusedError, unwrap
@@ -24,7 +22,7 @@ from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
 from ray_ddp.reliability.hangs.watchdog import watched
 from ray_ddp.task import Sum
 from ray_ddp.task.batches import first_tensor
-from ray_ddp.worker.collectives import broadcast_buffers, is_distributed
+from ray_ddp.worker.collectives import broadcast_buffers
 from ray_ddp.worker.evaluate import evaluate
 from ray_ddp.worker.micro import Micro, OrderedData, Step, epoch_steps, ordered_data, step_end
 
@@ -113,57 +111,6 @@ class StepSource:
             run.report({})
             run.reclaims.after_checkpoint(position.step)
         return False
-
-
-class Stepper:
-    """The backward of each micro-batch and the optimizer steps, for any number of
-    optimizers (one GradScaler for all)."""
-
-    def __init__(self, scaler: torch.amp.GradScaler, clip: float, ranks: int,
-                 device: torch.device) -> None:  # fmt: skip
-        self.scaler, self.clip, self.ranks, self.device = scaler, clip, ranks, device
-        self.count: torch.Tensor | None = None
-        """The counts of the ``Sum`` losses since the last step (this rank's)."""
-
-    def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
-        # DDP's all-reduce averages over the ranks: each rank's part is multiplied back.
-        if isinstance(loss, Sum):
-            total, count = loss
-            kept = 0.0 if micro.filler else 1.0
-            count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * kept
-            self.count = count if self.count is None else self.count + count
-            scaled = total * (kept * self.ranks)
-        else:
-            scaled = loss * (micro.weight * self.ranks)
-        self.scaler.scale(scaled).backward()
-
-    def step(self, optimizers, schedules: tuple, clip: float) -> bool:
-        params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
-        if self.count is not None:  # a Sum's step: divide by every rank's count
-            count = self.count.clone()
-            if is_distributed():
-                dist.all_reduce(count)
-            self.count = None
-            factor = 1.0 / max(float(count), 1e-12)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(factor)
-        enabled = self.scaler.is_enabled()
-        scale = self.scaler.get_scale() if enabled else 1.0
-        for optimizer in optimizers:
-            if clip > 0:
-                self.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
-                mine = [p for g in optimizer.param_groups for p in g["params"]]
-                torch.nn.utils.clip_grad_norm_(mine, clip)
-            self.scaler.step(optimizer)
-        self.scaler.update()
-        applied = not enabled or self.scaler.get_scale() >= scale
-        if applied:
-            for schedule in schedules:
-                schedule.step()
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        return applied
 
 
 class _Measured:

@@ -289,10 +289,11 @@ class WorkerRun:
             self.reclaims.after_checkpoint(state.progress.step)
         seconds = time.perf_counter() - started
         self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
-        totals = {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained}
+        totals = {"loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained,
+                  "count": sums.count}  # fmt: skip
         totals = sum_over_ranks(totals, worker.device)
         return EpochTrained(
-            loss_sum=totals["loss_sum"], samples=int(totals["samples"]),
+            loss_sum=totals["loss_sum"], samples=int(totals["samples"]), count=totals["count"],
             all_trained=int(totals["trained"]), own_trained=trained, skipped=skipped,
             seconds=seconds, own=sums, end_sample=segment.end.sample, ledger=sums.ledger,
         )  # fmt: skip

@@ -52,11 +52,13 @@ class EpochSums:
     rank's, so the resumed epoch reports the same training loss at any world size)."""
 
     loss_sum: float = 0.0
-    """Sum of per-sample training losses."""
+    """Sum of per-sample training losses (of a ``Sum`` loss's totals)."""
     samples: int = 0
     ledger: list[tuple[int, int]] | None = None
-    """``(optimizer step, sample index)`` of every sample trained, with
-    ``--sample-ledger`` (a testing aid); None without."""
+    """``(optimizer step, sample index)`` of every sample trained, with a test's sample
+    ledger (``ray_ddp.testing``); None without."""
+    count: float = 0.0
+    """What ``loss_sum`` is over: the samples, or a ``Sum`` loss's counts (tokens, say)."""
 
 
 @dataclass

@@ -30,9 +30,9 @@ from ray_ddp.checkpoint.format import is_fsdp
 from ray_ddp.data.order.global_order import EpochPlan, GlobalOrderBatches, Slot
 from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import BadSamplesError, take_skipped
-from ray_ddp.task import Task, map_tensors
+from ray_ddp.task import Sum, Task, map_tensors
 from ray_ddp.worker.collectives import world_size
-from ray_ddp.worker.optim import optimizer_step
+from ray_ddp.worker.optim import Stepper
 from ray_ddp.worker.precision import autocast
 from ray_ddp.worker.sharding import no_gradient_sync
 from ray_ddp.worker.state import EpochSums, TrainState
@@ -75,14 +75,13 @@ class StepCore:
         self.no_sync = getattr(self.state.model, "no_sync", None)  # no DDP with one worker
         if is_fsdp(self.state.model):  # FSDP2's own switch, the same idea
             self.no_sync = functools.partial(no_gradient_sync, self.state.model)
-        # DDP's all-reduce and FSDP2's reduce-scatter average the ranks' gradients: each
-        # weighs by its share.
-        self.ranks = world_size()
+        self.stepper = Stepper(self.state.scaler, world_size(), self.device)
 
-    def backward(self, batch, slot: Slot, weight: float, step: int, observer: StepObserver):
+    def backward(self, batch, slot: Slot, share: float, step: int, observer: StepObserver):
         """Forward and backward of one micro-batch of optimizer step ``step`` (counted over
-        the run), its loss weighted by ``weight`` (see ``train_segment``); returns the loss
-        (the mean over its samples)."""
+        the run), its loss weighted by ``share`` (see ``train_segment``); returns
+        ``(loss, total, count)``: the loss as one number (the mean over its samples, or a
+        ``Sum``'s total / count), and what it adds to the epoch's training loss."""
         # Only the boundary micro-step all-reduces gradients; the others accumulate locally
         # under no_sync() (the guide's version all-reduced on every micro-step).
         local = self.no_sync is not None and not slot.boundary
@@ -92,25 +91,18 @@ class StepCore:
             # Dropout and the like follow the micro-batch, whichever rank trains it.
             seed_micro_batch(self.seed, step, slot.micro, self.device)
             with autocast(self.amp, self.device):
-                loss = self.task.loss(self.state.model, batch).float()
-            loss = observer.loss(loss, slot, step)
+                loss = self.task.loss(self.state.model, batch)
+            loss, total, count = _observed(loss, slot, step, observer)
             if slot.boundary:
                 observer.syncing(slot, distributed=self.no_sync is not None)
-            self.state.scaler.scale(loss * weight).backward()
-        return loss
+            self.stepper.backward(loss if count is None else Sum(total, count), share)
+        return loss, None if total is None else total.detach(), count
 
     def update(self) -> bool:
         """Clip, step and zero the gradients; whether the step was applied (an fp16 step
         whose gradients overflowed is skipped, and the schedule stays put)."""
         state = self.state
-        if self.grad_clip > 0:
-            state.scaler.unscale_(state.optimizer)  # clip the true gradients, not scaled ones
-            # Under FSDP2 the gradients are DTensor shards: the norm is computed over every
-            # rank's (a collective), so each clips by the whole model's norm.
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip)
-        applied = optimizer_step(state.optimizer, state.scaler, state.scheduler)
-        state.optimizer.zero_grad(set_to_none=True)
-        return applied
+        return self.stepper.step((state.optimizer,), (state.scheduler,), self.grad_clip)
 
 
 @dataclass(frozen=True)
@@ -150,6 +142,8 @@ class Pass:
     loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
     """This rank's sum of per-sample losses over the epoch so far, on the device: an
     ``.item()`` every step would wait for the GPU each time."""
+    loss_count: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    """What ``loss_sum`` is over: samples, or a ``Sum`` loss's counts (tokens, say)."""
     seen: int = 0
     """This rank's samples of the epoch so far (the part before the pass included)."""
     trained: int = 0
@@ -192,6 +186,7 @@ def train_segment(
     progress, plan, slots = core.state.progress, order.plan, order.slots
     now = Pass(plan, len(slots), seen=sums.samples, ledger=sums.ledger)
     now.loss_sum = torch.tensor(sums.loss_sum, dtype=torch.float64, device=core.device)
+    now.loss_count = torch.tensor(sums.count, dtype=torch.float64, device=core.device)
     end, due, skipped = EpochPosition(plan.epoch, plan.size), False, 0
     core.state.model.train()
     core.state.optimizer.zero_grad(set_to_none=True)
@@ -205,13 +200,14 @@ def train_segment(
         batch, good, stand_in = _readable(batch, slot, core.stand_in, observer, now, core.rank)
         # The step's gradient is the mean over all its samples, however the ranks and
         # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
-        # weighs by its share of the step's samples, times the ranks DDP divides by.
-        weight = 0.0 if stand_in else slot.size * core.ranks / slot.step_samples
+        # weighs by its share of the step's samples (``optim.Stepper``).
+        share = 0.0 if stand_in else slot.size / slot.step_samples
         core.stand_in = core.stand_in if stand_in else batch
         observer.computing(slot, now)
-        loss = core.backward(batch, slot, weight, now.step, observer)
+        loss, total, count = core.backward(batch, slot, share, now.step, observer)
         if not slot.filler:
-            now.loss_sum += loss.detach().double() * good
+            now.loss_sum += loss.detach().double() * good if total is None else total.double()
+            now.loss_count += good if count is None else count
             now.seen, now.trained = now.seen + good, now.trained + good
         if slot.boundary:
             observer.updating(now)
@@ -227,8 +223,20 @@ def train_segment(
             due = not limits.done(progress.step)
             break
     observer.pass_ended(now)
-    return EpochSegment(end, EpochSums(now.loss_sum.item(), now.seen, sums.ledger), now.trained,
-                        skipped, due)  # fmt: skip
+    sums = EpochSums(now.loss_sum.item(), now.seen, sums.ledger, now.loss_count.item())
+    return EpochSegment(end, sums, now.trained, skipped, due)
+
+
+def _observed(loss: torch.Tensor | Sum, slot: Slot, step: int, observer: StepObserver):
+    """``(loss, total, count)``: the loss as the observers see it (a test's fault may
+    poison it; the loss guard checks it) and, for a ``Sum``, its total and count (the
+    total follows a poisoned loss). A mean loss has no total and count (None)."""
+    if not isinstance(loss, Sum):
+        return observer.loss(loss.float(), slot, step), None, None
+    total, count = loss.total.float(), loss.count
+    mean = total / torch.as_tensor(count, dtype=total.dtype, device=total.device).clamp(min=1)
+    seen = observer.loss(mean, slot, step)
+    return seen, total if seen is mean else seen * count, count
 
 
 def _fetch(batches, now: Pass, observer: StepObserver):
