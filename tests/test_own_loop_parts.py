@@ -102,7 +102,7 @@ def _token_epoch(micro: int):
     from torch.utils.data import DataLoader
 
     from ray_ddp.data.order.global_order import GlobalOrderBatches
-    from ray_ddp.worker.observers import Observers
+    from ray_ddp.worker.hooks import Hooks
     from ray_ddp.worker.state import EpochSums, TrainState
     from ray_ddp.worker.step import Limits, StepCore, train_segment
 
@@ -116,7 +116,7 @@ def _token_epoch(micro: int):
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
     state = TrainState(model, optimizer, scheduler, torch.amp.GradScaler("cpu", enabled=False))
     core = StepCore(state, _TokenTask(), "off", torch.device("cpu"), 4, 0.0)
-    segment = train_segment(core, order, loader, EpochSums(), Observers(), Limits())
+    segment = train_segment(core, order, loader, EpochSums(), Hooks(), Limits())
     steps = [list(order.slots)[i : i + 8 // micro] for i in range(0, 16 // micro, 8 // micro)]
     return segment, model, steps
 

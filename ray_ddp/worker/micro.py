@@ -125,11 +125,11 @@ def ordered_data(
     return OrderedData(loader, order, size)
 
 
-def epoch_steps(data: OrderedData, epoch: int, sample: int, first_step: int) -> Iterator[Step]:
-    """The steps of ``epoch`` from ``sample`` of its order on, as this rank trains them
-    (``first_step``: the run's number of the first). The caller advances the run's
-    position after each (``Step`` has no say in it)."""
-    data.order.set_position(epoch, sample)
+def epoch_steps(data: OrderedData, first_step: int) -> Iterator[Step]:
+    """The steps of the epoch from where the caller put ``data.order``
+    (``set_position``), as this rank trains them (``first_step``: the run's number of the
+    first). The caller advances the run's position after each (``Step`` has no say)."""
+    epoch = data.order.plan.epoch
     batches = iter(data.loader)
     group: list[Micro] = []
     number = first_step

@@ -21,6 +21,7 @@ import torch
 from ray_ddp.checkpoint.format import CheckpointError, check_compatible, task_meta
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.seeding import draw_seed, seed_initial_weights
+from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.task import Sum
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
@@ -69,11 +70,7 @@ class Run:
         self.reclaims = reclaims
         self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
         self.timer = StepTimer(who=f"rank {worker.rank}")
-        self.hooks = hooked.Hooks(
-            hooked.Watched(self.watchdog),
-            hooked.Faults(harness, cfg.run_dir, worker.rank),
-            hooked.Timed(self.timer),
-        )
+        self.hooks = self._hooks(harness)
         self.scaler = grad_scaler(cfg.amp, worker.device)
         if self.restored is not None:
             self.scaler.load_state_dict(self.restored.state.get("scaler", {}))
@@ -87,6 +84,20 @@ class Run:
         self.stopped = False
         self.reported_at: tuple[int, int] | None = None
         seed_initial_weights(cfg.seed)  # the loop's models: the same weights on every rank
+
+    def _hooks(self, harness: Harness) -> hooked.Hooks:
+        """What watches every step, as in the built-in loop (``worker.hooks``)."""
+        cfg, worker = self.config, self.worker
+        guard = LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps)
+        chain: list[hooked.StepHook] = [
+            hooked.WatchdogSteps(self.watchdog),
+            hooked.Faults(harness, cfg.run_dir, worker.rank),
+            hooked.Timing(self.timer),
+            hooked.Guard(guard),
+        ]
+        if worker.is_main and cfg.progress_interval_s > 0:
+            chain.append(hooked.Progress(cfg.progress_interval_s, cfg.epochs))
+        return hooked.Hooks(*chain)
 
     # ------------------------------------------------------------------ who and where
     @property
@@ -195,7 +206,7 @@ class Run:
         """The backward of ``micro``'s loss: a mean over its samples (weighted by its share
         of the step's samples), or a ``Sum(total, count)`` (the step's gradient is then
         the sum over every rank's totals divided by every rank's counts: tokens, say)."""
-        self.stepper.backward(loss, micro.weight)
+        self.source.backward(loss, micro)
 
     def step(
         self, *optimizers: torch.optim.Optimizer, schedules: Iterable[Any] = (),
@@ -205,7 +216,10 @@ class Run:
         GradScaler, step ``schedules`` where the step was applied (an fp16 overflow skips
         it), zero the gradients. Returns whether it was applied."""
         clip = self.config.grad_clip if clip is None else clip
-        return self.stepper.step(optimizers, tuple(schedules), clip)
+        self.source.updating()
+        applied = self.stepper.step(optimizers, tuple(schedules), clip)
+        self.source.lr = optimizers[0].param_groups[0]["lr"] if optimizers else 0.0
+        return applied
 
     def draws(self, micro: Micro, *shape: int, stream: int = 0) -> torch.Tensor:
         """Standard normal numbers, ``(len(micro.indices), *shape)`` on the device, each

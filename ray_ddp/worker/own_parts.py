@@ -22,9 +22,11 @@ from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
 from ray_ddp.reliability.hangs.watchdog import watched
 from ray_ddp.task import Sum
 from ray_ddp.task.batches import first_tensor
-from ray_ddp.worker.collectives import broadcast_buffers
+from ray_ddp.worker.collectives import broadcast_buffers, is_distributed
 from ray_ddp.worker.evaluate import evaluate
+from ray_ddp.worker.hooks import observed_loss
 from ray_ddp.worker.micro import Micro, OrderedData, Step, epoch_steps, ordered_data, step_end
+from ray_ddp.worker.step import Pass
 
 if TYPE_CHECKING:
     from ray_ddp.worker.own_loop import Run
@@ -42,6 +44,14 @@ class StepSource:
         self.samples_seen = 0
         self.train_seconds = 0.0
         self.first = True
+        self.now = Pass(None, 0)  # type: ignore[arg-type]
+        """The pass in progress, as the hooks see it."""
+        self.synced = self.updated = False
+        """Whether this step's all-reduce and update were told to the hooks."""
+        self.loss = torch.zeros(())
+        """The latest loss given to ``backward`` (what the step reports)."""
+        self.lr = 0.0
+        """The first optimizer's lr after the latest step."""
 
     def _data(self, dataset: Any, collate, random_samples: bool) -> OrderedData:
         run = self.run
@@ -72,19 +82,27 @@ class StepSource:
         if run._done():
             return
         data = self._data(dataset, collate, random_samples)
-        steps = epoch_steps(data, position.epoch, position.sample, position.step + 1)
+        data.order.set_position(position.epoch, position.sample)
+        self.now = now = Pass(data.order.plan, len(data.order.slots))
+        steps = epoch_steps(data, position.step + 1)
+        run.hooks.pass_started(now)
         while True:
-            run.hooks.fetching(position, self.first)
+            now.step = position.step + 1
+            run.hooks.fetching(now)
+            waited = time.perf_counter()
             step = next(steps, None)
+            run.hooks.fetched(now, time.perf_counter() - waited)
             if step is None:
+                run.hooks.pass_ended(now)
                 return
             step.prepare = self._prepare
-            run.hooks.stepping(position, self.first)
+            self.synced = self.updated = False
+            run.hooks.computing(step.micro[-1].slot, now)
             started = time.perf_counter()
             yield step
             self.train_seconds += time.perf_counter() - started
-            self.first = False
-            if self._after(step, data):
+            if self._after(step, data, now):
+                run.hooks.pass_ended(now)
                 return
 
     def _prepare(self, micro: Micro) -> None:
@@ -94,13 +112,34 @@ class StepSource:
         run.sync_models(micro.closes_step)
         seed_micro_batch(run.config.seed, micro.step, micro.slot.micro, run.device)
 
-    def _after(self, step: Step, data: OrderedData) -> bool:
-        """The step is done: hooks, the position advanced, a due checkpoint. Whether the
+    def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
+        """``Run.backward``: the hooks see the loss (the guard, a test's fault), the step's
+        first backward of its last micro-batch is the all-reduce's (``syncing``)."""
+        run = self.run
+        seen, total, count = observed_loss(loss, micro.slot, micro.step, run.hooks)
+        if micro.closes_step and not self.synced:
+            run.hooks.syncing(micro.slot, distributed=is_distributed())
+            self.synced = True
+        run.stepper.backward(seen if count is None else Sum(total, count), micro.weight)
+        self.loss = seen.detach()
+
+    def updating(self) -> None:
+        """Before the step's first optimizer step (a test's stall lands here)."""
+        if not self.updated:
+            self.run.hooks.updating(self.now)
+            self.updated = True
+
+    def _after(self, step: Step, data: OrderedData, now: Pass) -> bool:
+        """The step is done: the position advanced, hooks, a due checkpoint. Whether the
         epoch's steps end here."""
         run, position = self.run, self.run.position
         self.samples_seen += step.samples
-        run.hooks.ended(step.number, step.samples)
+        now.seen, now.trained = now.seen + step.samples, now.trained + step.samples
+        now.index += len(step)
         position.advance(step_end(data, step.micro[-1].slot))
+        run.hooks.stepped(now, self.loss, self.lr)
+        run.hooks.trained(step.micro[-1].slot, now)
+        self.first = False
         if position.sample >= data.size:
             position.end_epoch()
             return True

@@ -39,7 +39,7 @@ from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings
 from ray_ddp.tracking.tracker import Tracker, epoch_values, read_run_id
-from ray_ddp.worker import observers as seen
+from ray_ddp.worker import hooks as seen
 from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
@@ -189,7 +189,7 @@ class WorkerRun:
         self.timer = StepTimer(who=self.me)
         self.timing = seen.Timing(self.timer)
         self.skips = seen.Skips(SkipLog())
-        chain: list[seen.StepObserver] = [
+        chain: list[seen.StepHook] = [
             seen.WatchdogSteps(self.watchdog),
             seen.Faults(self.harness, cfg.run_dir, worker.rank),
             self.timing,
@@ -210,7 +210,7 @@ class WorkerRun:
                 chain.append(seen.Tracked(self.tracker, cfg.log_every_steps))
         if self.profiler is not None:
             chain.append(seen.Profiled(self.profiler))
-        self.observer = seen.Observers(*chain)
+        self.observer = seen.Hooks(*chain)
 
     def _tracker_run(self) -> str | None:
         """The tracker run this run continues: the one kept in the run's folder, else in

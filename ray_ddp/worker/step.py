@@ -10,9 +10,10 @@ micro-batch of the step; then clipping the true
 position to the epoch's end, or to a step boundary where a checkpoint is due or
 ``--max-steps`` is reached (the caller checkpoints and calls again). Everything else that
 happens around a step (the hang watchdog, timing, the loss guard, the ledger, unreadable
-samples, TensorBoard, progress lines, a test's faults) is an observer it notifies
-(``ray_ddp.worker.observers``). No Ray here: the GPU path check runs it on machines without
-Ray; the process group, if any, is torch.distributed's.
+samples, TensorBoard, progress lines, a test's faults) is a step-level hook it calls
+(``ray_ddp.worker.hooks``, which an own loop's steps call too). No Ray here: the GPU
+path check runs it on machines without Ray; the process group, if any, is
+torch.distributed's.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -32,13 +33,11 @@ from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import BadSamplesError, take_skipped
 from ray_ddp.task import Sum, Task, map_tensors
 from ray_ddp.worker.collectives import world_size
+from ray_ddp.worker.hooks import StepHook, observed_loss
 from ray_ddp.worker.optim import Stepper
 from ray_ddp.worker.precision import autocast
 from ray_ddp.worker.sharding import no_gradient_sync
 from ray_ddp.worker.state import EpochSums, TrainState
-
-if TYPE_CHECKING:
-    from ray_ddp.worker.observers import StepObserver
 
 
 @dataclass(frozen=True)
@@ -77,7 +76,7 @@ class StepCore:
             self.no_sync = functools.partial(no_gradient_sync, self.state.model)
         self.stepper = Stepper(self.state.scaler, world_size(), self.device)
 
-    def backward(self, batch, slot: Slot, share: float, step: int, observer: StepObserver):
+    def backward(self, batch, slot: Slot, share: float, step: int, observer: StepHook):
         """Forward and backward of one micro-batch of optimizer step ``step`` (counted over
         the run), its loss weighted by ``share`` (see ``train_segment``); returns
         ``(loss, total, count)``: the loss as one number (the mean over its samples, or a
@@ -92,7 +91,7 @@ class StepCore:
             seed_micro_batch(self.seed, step, slot.micro, self.device)
             with autocast(self.amp, self.device):
                 loss = self.task.loss(self.state.model, batch)
-            loss, total, count = _observed(loss, slot, step, observer)
+            loss, total, count = observed_loss(loss, slot, step, observer)
             if slot.boundary:
                 observer.syncing(slot, distributed=self.no_sync is not None)
             self.stepper.backward(loss if count is None else Sum(total, count), share)
@@ -129,7 +128,7 @@ class Limits:
 
 @dataclass
 class Pass:
-    """A pass in progress, as observers see it."""
+    """A pass in progress, as the step-level hooks see it."""
 
     plan: EpochPlan
     """The epoch's plan, from the position the pass started at."""
@@ -177,7 +176,7 @@ def train_segment(
     order: GlobalOrderBatches,
     loader: Iterable,
     sums: EpochSums,
-    observer: StepObserver,
+    observer: StepHook,
     limits: Limits,
 ) -> EpochSegment:
     """Train the micro-batches ``order`` holds for this rank (the caller set its position;
@@ -227,19 +226,7 @@ def train_segment(
     return EpochSegment(end, sums, now.trained, skipped, due)
 
 
-def _observed(loss: torch.Tensor | Sum, slot: Slot, step: int, observer: StepObserver):
-    """``(loss, total, count)``: the loss as the observers see it (a test's fault may
-    poison it; the loss guard checks it) and, for a ``Sum``, its total and count (the
-    total follows a poisoned loss). A mean loss has no total and count (None)."""
-    if not isinstance(loss, Sum):
-        return observer.loss(loss.float(), slot, step), None, None
-    total, count = loss.total.float(), loss.count
-    mean = total / torch.as_tensor(count, dtype=total.dtype, device=total.device).clamp(min=1)
-    seen = observer.loss(mean, slot, step)
-    return seen, total if seen is mean else seen * count, count
-
-
-def _fetch(batches, now: Pass, observer: StepObserver):
+def _fetch(batches, now: Pass, observer: StepHook):
     observer.fetching(now)
     waited = time.perf_counter()
     batch = next(batches, None)
@@ -251,7 +238,7 @@ def _fetch(batches, now: Pass, observer: StepObserver):
     return batch
 
 
-def _readable(batch, slot: Slot, last_good, observer: StepObserver, now: Pass, rank: int):
+def _readable(batch, slot: Slot, last_good, observer: StepHook, now: Pass, rank: int):
     """``(batch, samples that count, whether it stands in)``: where nothing of the
     micro-batch was readable, the latest readable one stands in (trained with weight 0). Unreadable
     samples were left out (``ray_ddp.data.unreadable``): the micro-batch keeps its weight,
