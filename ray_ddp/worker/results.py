@@ -40,10 +40,8 @@ class EpochTrained:
     seconds: float
     own: EpochSums
     """This rank's sums over the epoch so far (what a checkpoint of a partial epoch keeps)."""
-    end_sample: int
-    """Samples of the epoch's order done: all of them, or fewer where ``--max-steps`` hit."""
     ledger: list[tuple[int, int]] | None
-    """This rank's ``(step, index)`` of the whole epoch (``--sample-ledger``)."""
+    """This rank's ``(step, index)`` of the whole epoch (a test's sample ledger)."""
 
 
 @dataclass

@@ -71,7 +71,7 @@ from ray_ddp.worker.start import (
     tracker_params,
     wrap_model,
 )
-from ray_ddp.worker.step import EpochPosition, Limits, StepCore, train_segment
+from ray_ddp.worker.step import Limits, StepCore, train_segment
 from ray_ddp.worker.timing import StepTimer
 from ray_ddp.worker.unreadable import EpochSkips, rewind, settle
 
@@ -263,8 +263,7 @@ class WorkerRun:
         """Epoch ``progress.epoch`` from ``progress.sample`` on, in passes that stop for a
         checkpoint every ``--checkpoint-every`` optimizer steps."""
         cfg, state, data, worker = self.cfg, self.state, self.data, self.worker
-        position = EpochPosition(state.progress.epoch, state.progress.sample)
-        state.progress.sample = 0
+        position = state.progress  # the run's position: the pass advances it
         sums, started, trained, skipped = self.partial, time.perf_counter(), 0, 0
         while True:
             # A new, reproducible order every epoch, from where a checkpoint left it.
@@ -284,8 +283,7 @@ class WorkerRun:
             )
             if not segment.checkpoint_due:
                 break
-            position = segment.end
-            self.checkpoint_inside_epoch(position, sums)
+            self.checkpoint_inside_epoch(sums)
             self.reclaims.after_checkpoint(state.progress.step)
         seconds = time.perf_counter() - started
         self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
@@ -295,10 +293,10 @@ class WorkerRun:
         return EpochTrained(
             loss_sum=totals["loss_sum"], samples=int(totals["samples"]), count=totals["count"],
             all_trained=int(totals["trained"]), own_trained=trained, skipped=skipped,
-            seconds=seconds, own=sums, end_sample=segment.end.sample, ledger=sums.ledger,
+            seconds=seconds, own=sums, ledger=sums.ledger,
         )  # fmt: skip
 
-    def checkpoint_inside_epoch(self, position: EpochPosition, sums: Any) -> None:
+    def checkpoint_inside_epoch(self, sums: Any) -> None:
         """A ``--checkpoint-every`` checkpoint: the epoch's unreadable samples so far named
         first (before a crash can lose them), no validation."""
         self.watchdog.doing("checkpoint inside the epoch", slow=True)
@@ -308,8 +306,8 @@ class WorkerRun:
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
         self._keep_tracker_run()
-        write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, position,
-                                   sums, score, self.writer)  # fmt: skip
+        write_mid_epoch_checkpoint(self.cfg, self.worker, self.state, self.meta, sums, score,
+                                   self.writer)  # fmt: skip
         self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
 
     def validate(self) -> EvalResult:
@@ -337,10 +335,9 @@ class WorkerRun:
         skips = self.count_unreadable(epoch, evaluated)
         # A --max-steps stop inside the epoch is saved as that position, so a re-run with
         # more steps trains the rest of the epoch instead of skipping it.
-        finished = trained.end_sample >= data.train_size
-        progress.epoch, progress.sample = (
-            (epoch + 1, 0) if finished else (epoch, trained.end_sample)
-        )
+        finished = progress.sample >= data.train_size
+        if finished:
+            progress.end_epoch()
         progress.bad_samples = 0 if finished else skips.train
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         if finished and self.harness.sample_ledger:

@@ -35,18 +35,10 @@ from ray_ddp.task import Sum, Task, map_tensors
 from ray_ddp.worker.collectives import world_size
 from ray_ddp.worker.hooks import StepHook, observed_loss
 from ray_ddp.worker.optim import Stepper
+from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast
 from ray_ddp.worker.sharding import no_gradient_sync
 from ray_ddp.worker.state import EpochSums, TrainState
-
-
-@dataclass(frozen=True)
-class EpochPosition:
-    """Sample ``sample`` of epoch ``epoch``'s global order (both 0-based): how far into
-    the epoch training is, the same at every world size (``ray_ddp.data.order``)."""
-
-    epoch: int
-    sample: int
 
 
 @dataclass
@@ -158,9 +150,9 @@ class Pass:
 class EpochSegment:
     """What one pass trained: up to the epoch's end, or to a due checkpoint."""
 
-    end: EpochPosition
-    """Where it stopped (``end.sample`` is the epoch's size at its end; earlier at a due
-    checkpoint or at ``--max-steps``)."""
+    end: Position
+    """Where it stopped, as the run's position (``state.progress``) now says: ``sample``
+    is the epoch's size at its end; earlier at a due checkpoint or at ``--max-steps``."""
     sums: EpochSums
     """This rank's sums over the whole epoch so far (earlier passes included)."""
     samples: int
@@ -186,7 +178,7 @@ def train_segment(
     now = Pass(plan, len(slots), seen=sums.samples, ledger=sums.ledger)
     now.loss_sum = torch.tensor(sums.loss_sum, dtype=torch.float64, device=core.device)
     now.loss_count = torch.tensor(sums.count, dtype=torch.float64, device=core.device)
-    end, due, skipped = EpochPosition(plan.epoch, plan.size), False, 0
+    due, stopped, skipped = False, False, 0
     core.state.model.train()
     core.state.optimizer.zero_grad(set_to_none=True)
     observer.pass_started(now)
@@ -211,18 +203,20 @@ def train_segment(
         if slot.boundary:
             observer.updating(now)
             skipped += 0 if core.update() else 1
-            progress.step += 1
+            progress.advance(plan.step_start(slot.step + 1))  # the run's one position
             observer.stepped(now, loss, core.state.lr)
         observer.trained(slot, now)
         if slot.boundary and (
             limits.done(progress.step)
             or (limits.checkpoint_due(progress.step) and slot.step + 1 < plan.steps)
         ):  # where a re-run, or the resume from the checkpoint now due, continues
-            end = EpochPosition(plan.epoch, plan.step_start(slot.step + 1))
-            due = not limits.done(progress.step)
+            due, stopped = not limits.done(progress.step), True
             break
+    if not stopped:  # the epoch's order is done (a stream may end a step early)
+        progress.sample = plan.size
     observer.pass_ended(now)
     sums = EpochSums(now.loss_sum.item(), now.seen, sums.ledger, now.loss_count.item())
+    end = Position(progress.epoch, progress.step, progress.sample)
     return EpochSegment(end, sums, now.trained, skipped, due)
 
 
