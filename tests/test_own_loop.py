@@ -6,12 +6,19 @@ seeded draws) three times on one shared Ray, 3 fits: uninterrupted on 2 workers;
 command stopped by ``--max-steps`` inside the first epoch on 2 workers, then run again
 without it on 1 worker. Every registered tensor of the two final checkpoints must agree
 within 1e-6 (norm-relative, tensor by tensor); measured: 0.0, bit for bit.
+
+The stopped run meets, on the way, the faults an own loop must come through (no fit
+added): asynchronous checkpoints every 2 steps; rank 1 dies at step 4 (``os._exit``: no
+clean-up, as under SIGKILL); rank 0 hangs at step 6, found by the hang watchdog within
+``--hang-timeout``. Each time the group restarts from the latest checkpoint.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -19,10 +26,14 @@ import torch
 import ray_ddp
 from examples.own_loop import gan
 from ray_ddp.checkpoint.format import load_checkpoint_state
+from ray_ddp.testing.harness import ENV, Harness, Stall
 
 pytestmark = pytest.mark.ray
 
 STEPS_PER_EPOCH = 16  # 512 samples, a global batch of 16 x 2
+FAULTS = Harness(stalls=(Stall(4, rank=1, exit=True), Stall(6, rank=0)))
+CUT = ["--max-steps", "7", "--checkpoint-every", "2", "--checkpoint-mode", "async",
+       "--max-failures", "2", "--hang-timeout", "4", "--hang-grace", "30"]  # fmt: skip
 
 
 def _gan(storage: str, name: str, workers: int, *more: str) -> dict:
@@ -38,7 +49,12 @@ def _gan(storage: str, name: str, workers: int, *more: str) -> dict:
 def gan_runs(ray_session, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("own_loop"))
     whole = _gan(storage, "whole", 2)
-    stopped = _gan(storage, "cut", 2, "--max-steps", "7")
+    os.environ.update(FAULTS.to_env())
+    try:
+        stopped = _gan(storage, "cut", 2, *CUT)
+    finally:
+        del os.environ[ENV]
+    stopped["run_dir"] = os.path.join(storage, "cut")
     # Read now: the re-run keeps only the run's latest checkpoints (--keep-checkpoints).
     stopped["state"] = load_checkpoint_state(stopped["latest_checkpoint"])
     resumed = _gan(storage, "cut", 1)
@@ -81,6 +97,25 @@ def test_a_gan_stopped_inside_an_epoch_and_resumed_on_fewer_workers_is_the_same_
     assert worst[1] <= 1e-6, worst
     # The EMA moved away from the generator: it is a state of its own, restored as such.
     assert not torch.equal(a["ema"]["average.0.weight"], a["generator"]["0.weight"])
+
+
+def test_an_own_loop_comes_through_a_dead_rank_and_a_hang_from_its_async_checkpoints(gan_runs):
+    """The stopped run's three attempts (the resumed run's equality is the test above): the
+    first ends when rank 1 dies at step 4, the second when the watchdog finds rank 0 hung
+    at step 6 (its report names it); each later one starts from a checkpoint written
+    asynchronously, the last at step 4."""
+    _, stopped, _ = gan_runs
+    with open(os.path.join(stopped["run_dir"], "attempts.csv")) as file:
+        attempts = list(csv.DictReader(file))
+    assert [(a["attempt"], a["world_size"]) for a in attempts[:3]] == [
+        ("1", "2"), ("2", "2"), ("3", "2")
+    ]  # fmt: skip
+    assert attempts[1]["checkpoint"] and attempts[2]["checkpoint"]
+    assert load_checkpoint_state(attempts[2]["checkpoint"])["progress"]["step"] == 4
+    hang = os.path.join(stopped["run_dir"], "hangs", "attempt-2")
+    with open(os.path.join(hang, "rank-0.txt")) as file:
+        assert "time.sleep(planned.seconds)" in file.read()  # where it hung
+    assert stopped["checkpoints"]["mode"] == "async"
 
 
 def test_an_own_loop_reports_each_epoch_with_its_checkpoint(gan_runs):
