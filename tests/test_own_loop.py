@@ -156,19 +156,25 @@ def test_the_seed_guides_script_ported_validates_exactly(ray_session, tmp_path):
     assert summary["final"]["val_acc"] == pytest.approx(correct / 203, abs=1e-12)
 
 
-def test_a_token_weighted_lm_trains_the_same_weights_at_any_split(ray_session, tmp_path):
+def test_a_token_weighted_lm_trains_the_same_weights_at_any_split(
+    ray_session, tracking_server, tmp_path
+):
     """examples/own_loop/lm.py (a ``Sum`` loss over variable-length sequences, 2 fits): 1
     worker x batch 16 and 2 workers x batch 8 make the same optimizer steps, so the same
-    weights, schedule and momentum (within 1e-5; SGD keeps rounding at rounding level)."""
+    weights, schedule and momentum (within 1e-5; SGD keeps rounding at rounding level).
+    The 2-worker run is tracked in a real MLflow server: its params, every step's
+    training loss and lr, and its report's metrics, read back through the client."""
     from examples.own_loop import lm
 
     common = ["--epochs", "1", "--max-steps", "12", "--storage-path", str(tmp_path)]
+    tracked = ["--tracking", "mlflow", "--tracking-uri", tracking_server.uri,
+               "--experiment", "own-loop", "--log-every-steps", "1"]  # fmt: skip
     summaries = []
     for workers, batch in ((1, 16), (2, 8)):
         path = str(tmp_path / f"lm-{workers}.json")
         argv = [*common, "--num-workers", str(workers), "--batch-size", str(batch),
                 "--name", f"lm{workers}", "--summary-json", path]  # fmt: skip
-        assert lm.main(argv) == 0
+        assert lm.main(argv + (tracked if workers == 2 else [])) == 0
         with open(path) as file:
             summaries.append(json.load(file))
     one, two = (ray_ddp.load_state(s["latest_checkpoint"]) for s in summaries)
@@ -180,3 +186,20 @@ def test_a_token_weighted_lm_trains_the_same_weights_at_any_split(ray_session, t
     assert momentum[1] <= 1e-5, momentum
     # The model learnt: below a uniform guess over the vocabulary.
     assert summaries[0]["final"]["val_loss"] < math.log(lm.VOCAB)
+    _assert_tracked(tracking_server.uri, summaries[1])
+
+
+def _assert_tracked(uri: str, summary: dict) -> None:
+    """The own loop's tracker run, as MLflow's client reads it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    assert summary["tracking"]["complete"] is True
+    run = client.get_run(summary["tracking"]["run_id"])
+    assert run.data.params["world_size"] == "2" and run.data.params["batch_size"] == "8"
+    losses = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted(m.step for m in losses) == list(range(1, 13))
+    assert all(math.isfinite(m.value) for m in losses)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "lr")] != []
+    reported = client.get_metric_history(run.info.run_id, "val_loss")
+    assert [(m.step, m.value) for m in reported] == [(12, summary["final"]["val_loss"])]

@@ -25,6 +25,7 @@ from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.task import Sum
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
+from ray_ddp.tracking.params import Settings, versions
 from ray_ddp.worker import hooks as hooked
 from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import is_distributed
@@ -37,6 +38,7 @@ from ray_ddp.worker.precision import autocast, grad_scaler
 from ray_ddp.worker.preemption import PreemptionWatch
 from ray_ddp.worker.report import unscored
 from ray_ddp.worker.resume import find_restore_point
+from ray_ddp.worker.run_tracking import RunTracking
 from ray_ddp.worker.start import number_attempt, start_watchdog
 from ray_ddp.worker.step import Limits
 from ray_ddp.worker.timing import StepTimer
@@ -49,7 +51,7 @@ class Run:
 
     def __init__(
         self, cfg: TrainConfig, worker: Worker, loop: Any, harness: Harness = rig.NONE,
-        notices: bool = True,
+        notices: bool = True, tracking: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.config, self.worker, self.loop = cfg, worker, loop
         self.device = worker.device
@@ -70,6 +72,7 @@ class Run:
         self.reclaims = reclaims
         self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
         self.timer = StepTimer(who=f"rank {worker.rank}")
+        self.tracker = self._tracker(tracking)
         self.hooks = self._hooks(harness)
         self.scaler = grad_scaler(cfg.amp, worker.device)
         if self.restored is not None:
@@ -97,7 +100,24 @@ class Run:
         ]
         if worker.is_main and cfg.progress_interval_s > 0:
             chain.append(hooked.Progress(cfg.progress_interval_s, cfg.epochs))
+        if self.tracker is not None:
+            chain.append(self.tracker.hook(cfg.log_every_steps))
         return hooked.Hooks(*chain)
+
+    def _tracker(self, tracking: dict[str, Any] | None) -> RunTracking | None:
+        """Rank 0's experiment tracker (``--tracking``), on the run's tracker run, with
+        the run's flags and world as params."""
+        if tracking is None or not self.worker.is_main:
+            return None
+        restored = self.restored
+        own = restored is not None and restored.own  # --resume-from's run is another's
+        kept = restored.state["progress"].get("tracking_run") if own else None  # type: ignore[union-attr]
+        tracker = RunTracking(Settings.from_dict(tracking), self.config.run_dir, self.worker,
+                              kept)  # fmt: skip
+        tracker.params({**self.config.to_dict(), "world_size": self.world_size,
+                        "global_batch_size": self.config.global_batch_size,
+                        "device": self.device.type, **versions()})  # fmt: skip
+        return tracker
 
     # ------------------------------------------------------------------ who and where
     @property
@@ -260,6 +280,9 @@ class Run:
             import ray.train
 
             ray.train.report(values)
+        if self.tracker is not None:
+            last = position.epoch >= self.config.epochs or self._done()
+            self.tracker.reported(position.step, values, last)
         self.watchdog.progress("report")
         self.reported_at = (position.epoch, position.step)
         if self.is_main:
@@ -301,9 +324,12 @@ def own_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     summary (``worker.loop.loop_config``'s dict: the loop travels as its ``task``)."""
     cfg = TrainConfig.from_dict(config["config"])
     worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
-    run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True))
+    run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True),
+              config.get("tracking"))  # fmt: skip
     try:
         config["task"].function(run)
-        return run.summary()
+        summary = run.summary()
     finally:
         run.watchdog.stop()
+        ended = run.tracker.close() if run.tracker is not None else None
+    return {**summary, "tracking": ended} if ended is not None else summary

@@ -202,7 +202,11 @@ def saved_states(run: Run) -> dict[str, Any]:
         "loop": "own",
         "states": {name: _state_of(obj) for name, obj in run.states.items()},
         "scaler": run.scaler.state_dict(),
-        "progress": {**run.position.to_dict(), "order": record},
+        "progress": {
+            **run.position.to_dict(),
+            "order": record,
+            "tracking_run": run.tracker.run_id if run.tracker else None,
+        },  # fmt: skip
         "config": run.config.to_dict(),
         "task_meta": run.meta,
         "world_size": run.world_size,

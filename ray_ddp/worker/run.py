@@ -38,7 +38,6 @@ from ray_ddp.task import Task
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings
-from ray_ddp.tracking.tracker import Tracker, epoch_values, read_run_id
 from ray_ddp.worker import hooks as seen
 from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
@@ -60,6 +59,7 @@ from ray_ddp.worker.results import (
     write_ledger,
 )
 from ray_ddp.worker.resume import continue_epoch, find_restore_point, restore_training
+from ray_ddp.worker.run_tracking import RunTracking
 from ray_ddp.worker.sharding import bf16_policy
 from ray_ddp.worker.start import (
     announce,
@@ -113,8 +113,8 @@ class WorkerRun:
         )  # fmt: skip
         self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
         self.logs = None
-        self.tracking = Settings.from_dict(tracking) if worker.is_main else None
-        self.tracker: Tracker | None = None
+        self.tracking = Settings.from_dict(tracking) if worker.is_main and tracking else None
+        self.tracker: RunTracking | None = None
         steps = step_range(cfg.profile_steps)
         self.profiler = (
             StepProfiler(steps, cfg.run_dir, self.attempt.number, worker.rank, worker.device,
@@ -205,19 +205,13 @@ class WorkerRun:
             if cfg.progress_interval_s > 0:
                 chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
             if self.tracking is not None:
-                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log,
-                                       since_ms=self.state.progress.tracked_since)  # fmt: skip
-                chain.append(seen.Tracked(self.tracker, cfg.log_every_steps))
+                done = self.state.progress  # --resume-from's tracker run: cleared (restore)
+                self.tracker = RunTracking(self.tracking, cfg.run_dir, worker,
+                                           done.tracking_run, done.tracked_since)  # fmt: skip
+                chain.append(self.tracker.hook(cfg.log_every_steps))
         if self.profiler is not None:
             chain.append(seen.Profiled(self.profiler))
         self.observer = seen.Hooks(*chain)
-
-    def _tracker_run(self) -> str | None:
-        """The tracker run this run continues: the one kept in the run's folder, else in
-        its own checkpoint (``--resume-from``'s belongs to another run); None: a new one."""
-        kept = read_run_id(self.cfg.run_dir, self.tracking.kind)
-        own = self.restored is not None and self.restored.own
-        return kept or (self.state.progress.tracking_run if own else None)
 
     # ---------------------------------------------------------------------- train
     def train(self) -> dict[str, Any]:
@@ -376,21 +370,15 @@ class WorkerRun:
         return skips
 
     def _track_epoch(self, metrics: dict[str, Any]) -> None:
-        """The epoch's metrics to the tracker, sent at once; after the run's last epoch,
-        waited for (5 s at most): a Tune trial ends at its last report, its process with it."""
-        if self.tracker is None:
-            return
-        progress = self.state.progress
-        self.tracker.metrics(progress.step, epoch_values(metrics))
-        last = progress.epoch >= self.cfg.epochs or self.limits.done(progress.step)
-        if last:
-            self.tracker.sender.drain(5.0)
-        else:
-            self.tracker.sender.flush()
+        """The epoch's metrics to the tracker (``worker.run_tracking``)."""
+        if self.tracker is not None:
+            progress = self.state.progress
+            last = progress.epoch >= self.cfg.epochs or self.limits.done(progress.step)
+            self.tracker.reported(progress.step, metrics, last)
 
     def _keep_tracker_run(self) -> None:
         """The tracker's run id into the next checkpoint, once the tracker has one."""
-        if self.tracker is not None and self.tracker.ready:
+        if self.tracker is not None and self.tracker.run_id is not None:
             self.state.progress.tracking_run = self.tracker.run_id
 
     def close(self) -> None:
@@ -404,8 +392,7 @@ class WorkerRun:
             if self.profiler.result:
                 self.ended["profile"] = self.profiler.result
         if self.tracker is not None:
-            self.ended["tracking"] = {**self.tracker.close(), "warned": self.tracker.sender.warned}
-            self.worker.log(self.tracker.sender.line())  # what did not reach it, exactly
+            self.ended["tracking"] = self.tracker.close()
             self.tracker = None
 
     def stop_watching(self) -> None:
