@@ -102,15 +102,15 @@ def test_a_gan_stopped_inside_an_epoch_and_resumed_on_fewer_workers_is_the_same_
 def test_an_own_loop_comes_through_a_dead_rank_and_a_hang_from_its_async_checkpoints(gan_runs):
     """The stopped run's three attempts (the resumed run's equality is the test above): the
     first ends when rank 1 dies at step 4, the second when the watchdog finds rank 0 hung
-    at step 6 (its report names it); each later one starts from a checkpoint written
-    asynchronously, the last at step 4."""
+    at step 6 (its report names it); the third starts from the checkpoint written
+    asynchronously at step 4. (The second starts from step 2's, or from the start where
+    Ray had not yet registered it when rank 1 died: the same run either way.)"""
     _, stopped, _ = gan_runs
     with open(os.path.join(stopped["run_dir"], "attempts.csv")) as file:
         attempts = list(csv.DictReader(file))
     assert [(a["attempt"], a["world_size"]) for a in attempts[:3]] == [
         ("1", "2"), ("2", "2"), ("3", "2")
     ]  # fmt: skip
-    assert attempts[1]["checkpoint"] and attempts[2]["checkpoint"]
     assert load_checkpoint_state(attempts[2]["checkpoint"])["progress"]["step"] == 4
     hang = os.path.join(stopped["run_dir"], "hangs", "attempt-2")
     with open(os.path.join(hang, "rank-0.txt")) as file:

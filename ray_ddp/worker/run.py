@@ -13,7 +13,7 @@ group (NCCL with GPUs, gloo without) and pinned the worker to its device. A
   :meth:`end_epoch` (unreadable samples, metrics, the checkpoint, the epoch's lines).
 
 Rank 0 alone logs and attaches checkpoints; every rank calls ``ray.train.report`` (a
-barrier). What happens around each step attaches as observers (``observers``).
+barrier). What happens around each step attaches as step-level hooks (``hooks``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ray_ddp.task import Task
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings
-from ray_ddp.worker import hooks as seen
+from ray_ddp.worker import hooks as hooked
 from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
@@ -133,7 +133,7 @@ class WorkerRun:
 
     def _waiting(self, first: bool) -> None:
         """Before each step's batches come from a Ray Data stream."""
-        self.watchdog.doing(seen.WAITING_FOR_DATA, slow=first)
+        self.watchdog.doing(hooked.WAITING_FOR_DATA, slow=first)
 
     # ---------------------------------------------------------------------- restore
     def restore(self) -> None:
@@ -172,7 +172,7 @@ class WorkerRun:
         mark("model wrapped, state restored", self.me)
         self.ranks = rank_rows(worker)
         announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
-        self._attach_observers()
+        self._attach_hooks()
         if self.tracker is not None:
             self.tracker.params(tracker_params(cfg, worker, self.task, self.data))
         mark("rank table, logs", self.me)
@@ -183,35 +183,35 @@ class WorkerRun:
         self.so_far = RunSoFar(flops=flops)
         mark("FLOPs counted", self.me)
 
-    def _attach_observers(self) -> None:
-        """What watches every step (``observers``), for the attempt; rank 0's run logs."""
+    def _attach_hooks(self) -> None:
+        """What watches every step (``hooks``), for the attempt; rank 0's run logs."""
         cfg, worker = self.cfg, self.worker
         self.timer = StepTimer(who=self.me)
-        self.timing = seen.Timing(self.timer)
-        self.skips = seen.Skips(SkipLog())
-        chain: list[seen.StepHook] = [
-            seen.WatchdogSteps(self.watchdog),
-            seen.Faults(self.harness, cfg.run_dir, worker.rank),
+        self.timing = hooked.Timing(self.timer)
+        self.skips = hooked.Skips(SkipLog())
+        chain: list[hooked.StepHook] = [
+            hooked.WatchdogSteps(self.watchdog),
+            hooked.Faults(self.harness, cfg.run_dir, worker.rank),
             self.timing,
-            seen.Guard(LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps)),
+            hooked.Guard(LossGuard(worker.device, worker.rank, check_every=cfg.log_every_steps)),
             self.skips,
-            seen.Ledger(),
+            hooked.Ledger(),
         ]
         if worker.is_main:
             from ray_ddp.io.run_logs import RunLogs  # tensorboardX: rank 0's alone
 
             self.logs = RunLogs(cfg.run_dir, cfg.tensorboard)
-            chain.append(seen.StepLogs(self.logs, cfg.log_every_steps))
+            chain.append(hooked.StepLogs(self.logs, cfg.log_every_steps))
             if cfg.progress_interval_s > 0:
-                chain.append(seen.Progress(cfg.progress_interval_s, cfg.epochs))
+                chain.append(hooked.Progress(cfg.progress_interval_s, cfg.epochs))
             if self.tracking is not None:
                 done = self.state.progress  # --resume-from's tracker run: cleared (restore)
                 self.tracker = RunTracking(self.tracking, cfg.run_dir, worker,
                                            done.tracking_run, done.tracked_since)  # fmt: skip
                 chain.append(self.tracker.hook(cfg.log_every_steps))
         if self.profiler is not None:
-            chain.append(seen.Profiled(self.profiler))
-        self.observer = seen.Hooks(*chain)
+            chain.append(hooked.Profiled(self.profiler))
+        self.hooks = hooked.Hooks(*chain)
 
     # ---------------------------------------------------------------------- train
     def train(self) -> dict[str, Any]:
@@ -269,7 +269,7 @@ class WorkerRun:
                 }
             with explain_oom(cfg, worker, "training"):
                 segment = train_segment(self.core, data.train_order, data.train_loader, sums,
-                                        self.observer, self.limits)  # fmt: skip
+                                        self.hooks, self.limits)  # fmt: skip
             sums, trained, skipped = (
                 segment.sums,
                 trained + segment.samples,

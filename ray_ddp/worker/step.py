@@ -68,7 +68,7 @@ class StepCore:
             self.no_sync = functools.partial(no_gradient_sync, self.state.model)
         self.stepper = Stepper(self.state.scaler, world_size(), self.device)
 
-    def backward(self, batch, slot: Slot, share: float, step: int, observer: StepHook):
+    def backward(self, batch, slot: Slot, share: float, step: int, hooks: StepHook):
         """Forward and backward of one micro-batch of optimizer step ``step`` (counted over
         the run), its loss weighted by ``share`` (see ``train_segment``); returns
         ``(loss, total, count)``: the loss as one number (the mean over its samples, or a
@@ -83,9 +83,9 @@ class StepCore:
             seed_micro_batch(self.seed, step, slot.micro, self.device)
             with autocast(self.amp, self.device):
                 loss = self.task.loss(self.state.model, batch)
-            loss, total, count = observed_loss(loss, slot, step, observer)
+            loss, total, count = observed_loss(loss, slot, step, hooks)
             if slot.boundary:
-                observer.syncing(slot, distributed=self.no_sync is not None)
+                hooks.syncing(slot, distributed=self.no_sync is not None)
             self.stepper.backward(loss if count is None else Sum(total, count), share)
         return loss, None if total is None else total.detach(), count
 
@@ -168,7 +168,7 @@ def train_segment(
     order: GlobalOrderBatches,
     loader: Iterable,
     sums: EpochSums,
-    observer: StepHook,
+    hooks: StepHook,
     limits: Limits,
 ) -> EpochSegment:
     """Train the micro-batches ``order`` holds for this rank (the caller set its position;
@@ -181,31 +181,31 @@ def train_segment(
     due, stopped, skipped = False, False, 0
     core.state.model.train()
     core.state.optimizer.zero_grad(set_to_none=True)
-    observer.pass_started(now)
+    hooks.pass_started(now)
     opened = time.perf_counter()
     batches = iter(loader)  # a Ray Data stream starts here: its wait is the data's too
-    observer.fetched(now, time.perf_counter() - opened)
+    hooks.fetched(now, time.perf_counter() - opened)
     for now.index, slot in enumerate(slots):
         now.step = progress.step + 1
-        batch = _fetch(batches, now, observer)
-        batch, good, stand_in = _readable(batch, slot, core.stand_in, observer, now, core.rank)
+        batch = _fetch(batches, now, hooks)
+        batch, good, stand_in = _readable(batch, slot, core.stand_in, hooks, now, core.rank)
         # The step's gradient is the mean over all its samples, however the ranks and
         # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
         # weighs by its share of the step's samples (``optim.Stepper``).
         share = 0.0 if stand_in else slot.size / slot.step_samples
         core.stand_in = core.stand_in if stand_in else batch
-        observer.computing(slot, now)
-        loss, total, count = core.backward(batch, slot, share, now.step, observer)
+        hooks.computing(slot, now)
+        loss, total, count = core.backward(batch, slot, share, now.step, hooks)
         if not slot.filler:
             now.loss_sum += loss.detach().double() * good if total is None else total.double()
             now.loss_count += good if count is None else count
             now.seen, now.trained = now.seen + good, now.trained + good
         if slot.boundary:
-            observer.updating(now)
+            hooks.updating(now)
             skipped += 0 if core.update() else 1
             progress.advance(plan.step_start(slot.step + 1))  # the run's one position
-            observer.stepped(now, loss, core.state.lr)
-        observer.trained(slot, now)
+            hooks.stepped(now, loss, core.state.lr)
+        hooks.trained(slot, now)
         if slot.boundary and (
             limits.done(progress.step)
             or (limits.checkpoint_due(progress.step) and slot.step + 1 < plan.steps)
@@ -214,17 +214,17 @@ def train_segment(
             break
     if not stopped:  # the epoch's order is done (a stream may end a step early)
         progress.sample = plan.size
-    observer.pass_ended(now)
+    hooks.pass_ended(now)
     sums = EpochSums(now.loss_sum.item(), now.seen, sums.ledger, now.loss_count.item())
     end = Position(progress.epoch, progress.step, progress.sample)
     return EpochSegment(end, sums, now.trained, skipped, due)
 
 
-def _fetch(batches, now: Pass, observer: StepHook):
-    observer.fetching(now)
+def _fetch(batches, now: Pass, hooks: StepHook):
+    hooks.fetching(now)
     waited = time.perf_counter()
     batch = next(batches, None)
-    observer.fetched(now, time.perf_counter() - waited)
+    hooks.fetched(now, time.perf_counter() - waited)
     if batch is None:
         raise RuntimeError(
             f"the loader ran out after {now.index} of {now.micro_batches} micro-batches"
@@ -232,7 +232,7 @@ def _fetch(batches, now: Pass, observer: StepHook):
     return batch
 
 
-def _readable(batch, slot: Slot, last_good, observer: StepHook, now: Pass, rank: int):
+def _readable(batch, slot: Slot, last_good, hooks: StepHook, now: Pass, rank: int):
     """``(batch, samples that count, whether it stands in)``: where nothing of the
     micro-batch was readable, the latest readable one stands in (trained with weight 0). Unreadable
     samples were left out (``ray_ddp.data.unreadable``): the micro-batch keeps its weight,
@@ -244,7 +244,7 @@ def _readable(batch, slot: Slot, last_good, observer: StepHook, now: Pass, rank:
     batch, bad = take_skipped(batch)
     now.unread = frozenset(b.index for b in bad)
     if bad and not slot.filler:
-        observer.unreadable(bad, now)  # raises once this rank alone is over the cap
+        hooks.unreadable(bad, now)  # raises once this rank alone is over the cap
     good = slot.size - (0 if slot.filler else len(bad))
     if batch is not None:
         return batch, good, False
