@@ -27,7 +27,6 @@ from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings, versions
 from ray_ddp.worker import hooks as hooked
-from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import is_distributed
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.micro import Micro, Step
@@ -35,12 +34,10 @@ from ray_ddp.worker.optim import Stepper
 from ray_ddp.worker.own_parts import Evaluation, StepSource, load_into, saved_states
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast, grad_scaler
-from ray_ddp.worker.preemption import PreemptionWatch
 from ray_ddp.worker.report import unscored
 from ray_ddp.worker.resume import find_restore_point
 from ray_ddp.worker.run_tracking import RunTracking
-from ray_ddp.worker.start import number_attempt, start_watchdog
-from ray_ddp.worker.step import Limits
+from ray_ddp.worker.start import number_attempt, safeguards
 from ray_ddp.worker.timing import StepTimer
 
 
@@ -59,18 +56,9 @@ class Run:
         self.restored = find_restore_point(cfg.resume_from, worker)
         self.meta = task_meta(cfg.task, {})
         self.position = self._restore_position()
-        self.watchdog = start_watchdog(cfg, worker, self.attempt)
-        mode = cfg.checkpoint_mode
-        self.checkpointer = Checkpointer(
-            mode, worker.log, rig.checkpoint_hook(harness, cfg.run_dir)
-        )
-        reclaims = PreemptionWatch(
-            cfg.preemption_check_steps if notices else 0, worker.log,
-            self.checkpointer.idle.wait,
-            lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
-        )  # fmt: skip
-        self.reclaims = reclaims
-        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
+        guards = safeguards(cfg, worker, self.attempt, harness, notices, cfg.checkpoint_mode)
+        self.watchdog, self.checkpointer = guards.watchdog, guards.checkpointer
+        self.reclaims, self.limits = guards.reclaims, guards.limits
         self.timer = StepTimer(who=f"rank {worker.rank}")
         self.tracker = self._tracker(tracking)
         self.hooks = self._hooks(harness)

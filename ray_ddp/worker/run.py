@@ -35,18 +35,15 @@ from ray_ddp.reliability.hangs.watchdog import NullWatchdog, watched
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.reliability.retry_policy import note_step
 from ray_ddp.task import Task
-from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings
 from ray_ddp.worker import hooks as hooked
-from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
 from ray_ddp.worker.data import build_worker_data
 from ray_ddp.worker.evaluate import EvalResult, evaluate
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.memory_format import use_channels_last
-from ray_ddp.worker.preemption import PreemptionWatch
 from ray_ddp.worker.profile import StepProfiler
 from ray_ddp.worker.report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.worker.results import (
@@ -67,11 +64,11 @@ from ray_ddp.worker.start import (
     count_flops,
     example_batch,
     number_attempt,
-    start_watchdog,
+    safeguards,
     tracker_params,
     wrap_model,
 )
-from ray_ddp.worker.step import Limits, StepCore, train_segment
+from ray_ddp.worker.step import StepCore, train_segment
 from ray_ddp.worker.timing import StepTimer
 from ray_ddp.worker.unreadable import EpochSkips, rewind, settle
 
@@ -102,16 +99,11 @@ class WorkerRun:
         mark("model built", self.me)
         self.restored = find_restore_point(cfg.resume_from, worker)
         # From here on a rank that stops making progress is found (--hang-timeout).
-        self.watchdog = start_watchdog(cfg, worker, self.attempt)
         # Sharded checkpoints (--strategy fsdp2) are written by every rank, synchronously.
         mode = "sync" if cfg.strategy == "fsdp2" else cfg.checkpoint_mode
-        self.writer = Checkpointer(mode, worker.log, rig.checkpoint_hook(harness, cfg.run_dir))
-        # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
-        self.reclaims = reclaims = PreemptionWatch(
-            cfg.preemption_check_steps if notices else 0, worker.log, self.writer.idle.wait,
-            lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
-        )  # fmt: skip
-        self.limits = Limits(cfg.max_steps, cfg.checkpoint_every, reclaims)
+        guards = safeguards(cfg, worker, self.attempt, harness, notices, mode)
+        self.watchdog, self.writer = guards.watchdog, guards.checkpointer
+        self.reclaims, self.limits = guards.reclaims, guards.limits
         self.logs = None
         self.tracking = Settings.from_dict(tracking) if worker.is_main and tracking else None
         self.tracker: RunTracking | None = None
