@@ -110,6 +110,7 @@ def ordered_data(
     order = GlobalOrderBatches(
         size, batch_size=cfg.batch_size, global_batch=cfg.global_batch_size, seed=cfg.seed,
         rank=rank, world_size=world_size, tag_epoch=random_samples,
+        lockstep=cfg.strategy == "fsdp2",  # FSDP2: every rank as many passes per step
     )  # fmt: skip
     workers = cfg.loader_workers or 0
     loader = DataLoader(

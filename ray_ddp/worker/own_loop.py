@@ -13,12 +13,19 @@ step-level hooks (``worker.hooks``), the exact evaluation (``worker.evaluate``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
 
-from ray_ddp.checkpoint.format import CheckpointError, check_compatible, task_meta
+from ray_ddp.checkpoint.format import (
+    CheckpointError,
+    check_compatible,
+    check_strategy,
+    is_fsdp,
+    task_meta,
+)
 from ray_ddp.config import TrainConfig
 from ray_ddp.data.seeding import draw_seed, seed_initial_weights
 from ray_ddp.reliability.loss_guard import LossGuard
@@ -31,12 +38,19 @@ from ray_ddp.worker.collectives import is_distributed
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.micro import Micro, Step
 from ray_ddp.worker.optim import Stepper
-from ray_ddp.worker.own_parts import Evaluation, StepSource, load_into, saved_states
+from ray_ddp.worker.own_parts import (
+    Evaluation,
+    StepSource,
+    load_into,
+    saved_states,
+    write_shards,
+)
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast, grad_scaler
 from ray_ddp.worker.report import unscored
 from ray_ddp.worker.resume import find_restore_point
 from ray_ddp.worker.run_tracking import RunTracking
+from ray_ddp.worker.sharding import bf16_policy, default_blocks, shard_model
 from ray_ddp.worker.start import number_attempt, safeguards
 from ray_ddp.worker.timing import StepTimer
 
@@ -51,7 +65,7 @@ class Run:
         notices: bool = True, tracking: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.config, self.worker, self.loop = cfg, worker, loop
-        self.device = worker.device
+        self.device, self.amp = worker.device, cfg.amp
         self.attempt = number_attempt(cfg, worker)
         self.restored = find_restore_point(cfg.resume_from, worker)
         self.meta = task_meta(cfg.task, {})
@@ -136,6 +150,7 @@ class Run:
                 "use a fresh --name"
             )
         check_compatible(restored.state, self.meta, restored.source)
+        check_strategy(restored.state, self.config.strategy, restored.source)
         position = Position.from_dict(restored.state["progress"])
         before = int(restored.state.get("world_size", 1))
         change = (f"; {before} -> {self.world_size} workers, the same global order"
@@ -149,14 +164,22 @@ class Run:
     # ------------------------------------------------------------------ the verbs
     def setup(self, *models: torch.nn.Module) -> Any:
         """Each model on this worker's device, wrapped in DDP with more than one worker
-        (``ray.train.torch.prepare_model``), compiled with ``--compile``; returned in
+        (``ray.train.torch.prepare_model``), or with ``--strategy fsdp2`` sharded by FSDP2
+        (its blocks, then itself: ``worker.sharding``; with ``--amp bf16`` its mixed
+        precision, where no autocast is needed), compiled with ``--compile``; returned in
         order (one model: itself). Build optimizers after, over the returned models."""
         import ray.train.torch
 
-        wrapped = []
+        cfg, wrapped = self.config, []
         for model in models:
-            prepared = ray.train.torch.prepare_model(model)
-            wrapped.append(torch.compile(prepared) if self.config.compile else prepared)
+            if cfg.strategy == "fsdp2":
+                if bf16_policy(model, cfg.amp):
+                    self.amp = "off"  # FSDP2 computes in bf16 itself
+                prepared = shard_model(model, default_blocks(model), cfg.amp, self.device,
+                                       self.world_size)  # fmt: skip
+            else:
+                prepared = ray.train.torch.prepare_model(model)
+            wrapped.append(torch.compile(prepared) if cfg.compile else prepared)
         self.models += wrapped
         return wrapped[0] if len(wrapped) == 1 else tuple(wrapped)
 
@@ -169,7 +192,7 @@ class Run:
                 raise ValueError(f"run.register: {name!r} is registered already")
             self.states[name] = obj
             if self.restored is not None:
-                load_into(obj, name, self.restored)
+                load_into(self, obj, name, self.restored)
 
     def epochs(self) -> Iterator[int]:
         """The epochs left (0-based), to ``--epochs`` or ``--max-steps`` or ``stop()``.
@@ -207,8 +230,9 @@ class Run:
             yield from step
 
     def autocast(self) -> Any:
-        """The forward's autocast (``--amp``; a no-op with ``off``)."""
-        return autocast(self.config.amp, self.device)
+        """The forward's autocast (``--amp``; a no-op with ``off``, and under FSDP2's
+        bf16 mixed precision)."""
+        return autocast(self.amp, self.device)
 
     def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
         """The backward of ``micro``'s loss: a mean over its samples (weighted by its share
@@ -262,8 +286,10 @@ class Run:
             values.update(unscored(score, self.loop.best_mode))
         self.watchdog.doing("report and checkpoint", slow=True)
         saved = saved_states(self) if checkpoint and self.is_main else None
+        sharded = self.config.strategy == "fsdp2"  # every rank writes its shards
         if checkpoint:
-            self.checkpointer.save(values, saved)
+            shards = functools.partial(write_shards, self) if sharded else None
+            self.checkpointer.save(values, saved, shards)
         else:
             import ray.train
 
@@ -288,10 +314,13 @@ class Run:
         return self.stopped or self.limits.done(self.position.step)
 
     def sync_models(self, closes_step: bool) -> None:
-        """Every set-up model's gradient all-reduce on (the step's last micro-batch) or off."""
+        """Every set-up model's gradient all-reduce (FSDP2's reduce-scatter) on, on the
+        step's last micro-batch, or off."""
         for model in self.models:
             inner = getattr(model, "_orig_mod", model)
-            if hasattr(inner, "require_backward_grad_sync"):
+            if is_fsdp(inner):
+                inner.set_requires_gradient_sync(closes_step)  # type: ignore[operator]
+            elif hasattr(inner, "require_backward_grad_sync"):
                 inner.require_backward_grad_sync = closes_step
 
     def summary(self) -> dict[str, Any]:

@@ -7,6 +7,7 @@ none advances the position but :class:`StepSource`.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,16 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.utils.data import default_collate
 
-from ray_ddp.checkpoint.format import FORMAT_VERSION, CheckpointError, ResumeRefusedError, unwrap
+from ray_ddp.checkpoint.format import (
+    FORMAT_VERSION,
+    SHARDED,
+    SHARDS,
+    CheckpointError,
+    ResumeRefusedError,
+    is_fsdp,
+    is_sharded,
+    unwrap,
+)
 from ray_ddp.data.loaders import eval_loader
 from ray_ddp.data.order.continuation import order_change, order_record, split_fingerprint
 from ray_ddp.data.seeding import seed_micro_batch
@@ -195,12 +205,16 @@ def _state_of(obj: Any) -> Any:
 
 def saved_states(run: Run) -> dict[str, Any]:
     """What rank 0's checkpoint holds (``state.pt``): every registered state by name, the
-    GradScaler's, the position and the order it counts in, the config and world size."""
+    GradScaler's, the position and the order it counts in, the config and world size.
+    Under FSDP2 the registered states are every rank's shards instead (:func:`write_shards`;
+    ``"sharded": "dcp"`` says so)."""
     record = getattr(run.source, "record", None)
+    sharded = run.config.strategy == "fsdp2"
     return {
         "format_version": FORMAT_VERSION,
         "loop": "own",
-        "states": {name: _state_of(obj) for name, obj in run.states.items()},
+        "states": {} if sharded else {name: _state_of(obj) for name, obj in run.states.items()},
+        **({"sharded": SHARDED, "sharded_states": list(run.states)} if sharded else {}),
         "scaler": run.scaler.state_dict(),
         "progress": {
             **run.position.to_dict(),
@@ -213,11 +227,76 @@ def saved_states(run: Run) -> dict[str, Any]:
     }
 
 
-def load_into(obj: Any, name: str, restored: Restored) -> None:
-    """Registered state ``name`` loaded from the restore point into ``obj``."""
-    saved = restored.state["states"]
-    if name not in saved:
-        held = ", ".join(sorted(saved)) or "nothing"
-        raise CheckpointError(f"{restored.source} holds no state {name!r} (it holds {held})")
+def load_into(run: Run, obj: Any, name: str, restored: Restored) -> None:
+    """Registered state ``name`` loaded from the restore point into ``obj`` (from its
+    shards, every rank its part, where the checkpoint is sharded: a collective)."""
+    saved = restored.state
+    held = saved["states"].keys() | set(saved.get("sharded_states", ()))
+    if name not in held:
+        listed = ", ".join(sorted(held)) or "nothing"
+        raise CheckpointError(f"{restored.source} holds no state {name!r} (it holds {listed})")
+    if is_sharded(saved):
+        import torch.distributed.checkpoint as dcp
+
+        wanted = {name: _sharded_state(run, obj)}
+        dcp.load(wanted, checkpoint_id=os.path.join(restored.directory, SHARDS))  # type: ignore[arg-type]
+        _load_sharded(run, obj, wanted[name])
+        return
     target = unwrap(obj) if isinstance(obj, torch.nn.Module) else obj
-    target.load_state_dict(saved[name])
+    target.load_state_dict(saved["states"][name])
+
+
+def write_shards(run: Run, directory: str) -> None:
+    """``--strategy fsdp2``: every registered state's part on this rank into
+    ``directory/shards`` (DCP, a collective: whatever the world size that reads them
+    back): a sharded model's and its optimizer's shards, and every other state (an EMA
+    whose tensors are shards too, a schedule) whole."""
+    import torch.distributed.checkpoint as dcp
+
+    for model in run.models:  # BatchNorm statistics: rank 0's, as DDP saves them
+        broadcast_buffers(unwrap(model))
+    states = {name: _sharded_state(run, obj) for name, obj in run.states.items()}
+    dcp.save(states, checkpoint_id=os.path.join(directory, SHARDS))
+
+
+def _optimized_model(run: Run, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+    """The set-up FSDP2 model whose parameters ``optimizer`` updates (None: none)."""
+    first = next((p for g in optimizer.param_groups for p in g["params"]), None)
+    for model in run.models:
+        inner = unwrap(model)
+        if is_fsdp(inner) and any(p is first for p in inner.parameters()):
+            return inner
+    return None
+
+
+def _sharded_state(run: Run, obj: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    if isinstance(obj, torch.nn.Module) and is_fsdp(unwrap(obj)):
+        return get_model_state_dict(unwrap(obj))
+    if isinstance(obj, torch.optim.Optimizer):
+        model = _optimized_model(run, obj)
+        if model is not None:
+            return get_optimizer_state_dict(model, obj)
+    return _state_of(obj)
+
+
+def _load_sharded(run: Run, obj: Any, state: Any) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if isinstance(obj, torch.nn.Module) and is_fsdp(unwrap(obj)):
+        set_model_state_dict(unwrap(obj), state)
+        return
+    if isinstance(obj, torch.optim.Optimizer):
+        model = _optimized_model(run, obj)
+        if model is not None:
+            set_optimizer_state_dict(model, obj, state)
+            return
+    target = unwrap(obj) if isinstance(obj, torch.nn.Module) else obj
+    target.load_state_dict(state)
