@@ -25,7 +25,7 @@ for path in (ROOT, os.path.join(ROOT, "benchmarks")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from common import paired_figures, write_report  # noqa: E402 - benchmarks/ is on the path
+from common import paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
 
 TASK = "ray_ddp.image_classification:ImageClassification"
 RUN = {"export": False, "progress_interval_s": 0, "tensorboard": False}  # else the defaults
@@ -116,10 +116,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(r: dict) -> str:
-    def spread(arm: str) -> str:
-        values = [p[arm] for p in r["pairs"]]
-        return f"{min(values):.1f}-{max(values):.1f}"
-
     return (
         f"# An own loop against the built-in loop ({r['date']})\n\n"
         "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, small_resnet, "
@@ -128,12 +124,8 @@ def markdown(r: dict) -> str:
         "own loop (`benchmarks/own_loop_overhead.py`'s `train`); "
         f"{len(r['pairs'])} interleaved pairs (which goes first alternates), steady "
         "samples/s per worker.\n\n"
-        "| | median | range |\n|---|---|---|\n"
-        f"| own loop | {r['on_median']:.1f} | {spread('on')} |\n"
-        f"| built-in loop | {r['off_median']:.1f} | {spread('off')} |\n"
-        f"| own / built-in, pair by pair | {r['ratio_median']:.3f} | "
-        f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f} |\n\n"
-        f"The 1-minute load average at the end: {r['load_average'][0]:.1f} on 2 cores.\n"
+        + paired_table(r, "own loop", "built-in loop", "own / built-in")
+        + f"The 1-minute load average at the end: {r['load_average'][0]:.1f} on 2 cores.\n"
     )
 
 
