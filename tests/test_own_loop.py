@@ -48,7 +48,7 @@ def _gan(storage: str, name: str, workers: int, *more: str) -> dict:
 @pytest.fixture(scope="module")
 def gan_runs(ray_session, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("own_loop"))
-    whole = _gan(storage, "whole", 2)
+    whole = _gan(storage, "whole", 2, "--profile-steps", "3-4")  # profiled: the same math
     os.environ.update(FAULTS.to_env())
     try:
         stopped = _gan(storage, "cut", 2, *CUT)
@@ -116,6 +116,17 @@ def test_an_own_loop_comes_through_a_dead_rank_and_a_hang_from_its_async_checkpo
     with open(os.path.join(hang, "rank-0.txt")) as file:
         assert "time.sleep(planned.seconds)" in file.read()  # where it hung
     assert stopped["checkpoints"]["mode"] == "async"
+
+
+def test_an_own_loop_is_profiled_over_the_steps_asked(gan_runs):
+    """``--profile-steps 3-4`` on the uninterrupted run: one trace per rank, rank 0's top
+    operators in the summary."""
+    whole, _, _ = gan_runs
+    folder = os.path.join(whole["run_dir"], "profiles", "attempt-1")
+    assert sorted(os.listdir(folder)) == ["rank-0.trace.json", "rank-1.trace.json"]
+    with open(os.path.join(folder, "rank-1.trace.json")) as file:
+        assert json.load(file)["traceEvents"]
+    assert whole["profile"]["steps"] == "3-4" and "Self CPU" in whole["profile"]["top"]
 
 
 def test_an_own_loop_reports_each_epoch_with_its_checkpoint(gan_runs):

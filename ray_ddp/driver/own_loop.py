@@ -40,9 +40,6 @@ def launch(
 
 def refuse_unsupported(cfg: TrainConfig) -> None:
     """What an own loop does not run yet, refused before Ray starts."""
-    if cfg.profile_steps:
-        raise ConfigError("--profile-steps is for the built-in loop so far; profile an own "
-                          "loop's steps with torch.profiler in its function")  # fmt: skip
     if cfg.data_engine != "torch":
         raise ConfigError("--data-engine ray is for the built-in loop; an own loop reads "
                           "its datasets in the global order (--data-engine torch)")  # fmt: skip

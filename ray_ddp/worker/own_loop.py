@@ -27,6 +27,7 @@ from ray_ddp.checkpoint.format import (
     task_meta,
 )
 from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import step_range
 from ray_ddp.data.seeding import draw_seed, seed_initial_weights
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.task import Sum
@@ -47,6 +48,7 @@ from ray_ddp.worker.own_parts import (
 )
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast, grad_scaler
+from ray_ddp.worker.profile import StepProfiler
 from ray_ddp.worker.report import unscored
 from ray_ddp.worker.resume import find_restore_point
 from ray_ddp.worker.run_tracking import RunTracking
@@ -75,6 +77,11 @@ class Run:
         self.reclaims, self.limits = guards.reclaims, guards.limits
         self.timer = StepTimer(who=f"rank {worker.rank}")
         self.tracker = self._tracker(tracking)
+        steps = step_range(cfg.profile_steps)
+        self.profiler = (
+            StepProfiler(steps, cfg.run_dir, self.attempt.number, worker.rank, worker.device,
+                         worker.log) if steps else None
+        )  # fmt: skip
         self.hooks = self._hooks(harness)
         self.scaler = grad_scaler(cfg.amp, worker.device)
         if self.restored is not None:
@@ -104,6 +111,9 @@ class Run:
             chain.append(hooked.Progress(cfg.progress_interval_s, cfg.epochs))
         if self.tracker is not None:
             chain.append(self.tracker.hook(cfg.log_every_steps))
+        if self.profiler is not None:
+            self.profiler.begin(self.position.step)
+            chain.append(hooked.Profiled(self.profiler))
         return hooked.Hooks(*chain)
 
     def _tracker(self, tracking: dict[str, Any] | None) -> RunTracking | None:
@@ -343,10 +353,16 @@ def own_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     worker = start_worker(cfg.cpus_per_worker, cfg.log_prefix, cfg.log_all_ranks)
     run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True),
               config.get("tracking"))  # fmt: skip
+    ended: dict[str, Any] = {}
     try:
         config["task"].function(run)
         summary = run.summary()
     finally:
         run.watchdog.stop()
-        ended = run.tracker.close() if run.tracker is not None else None
-    return {**summary, "tracking": ended} if ended is not None else summary
+        if run.profiler is not None:
+            run.profiler.close()
+            if run.profiler.result:
+                ended["profile"] = run.profiler.result
+        if run.tracker is not None:
+            ended["tracking"] = run.tracker.close()
+    return {**summary, **ended}
