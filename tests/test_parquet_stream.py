@@ -122,6 +122,7 @@ def test_each_rank_reads_only_its_lanes_groups_each_once_and_holds_few(shards, m
     per_rank = {}
     for rank in (0, 1):
         reads.clear()
+        held.clear()  # each rank's stream against its own high-water mark
         order = StreamedBatches(
             train, buffer=32, batch_size=8, global_batch=16, seed=1, rank=rank, world_size=2,
             tag_epoch=False,

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
 from ray_ddp.compat import notices
-from ray_ddp.data.order.global_order import Slot
+from ray_ddp.data.order.global_order import EpochPlan, Slot
 from ray_ddp.data.unreadable import BadSample, SkipLog
 from ray_ddp.io import reporting
 from ray_ddp.reliability.hangs.watchdog import Watchdog
@@ -48,13 +49,40 @@ if TYPE_CHECKING:
     from ray_ddp.io.run_logs import RunLogs  # tensorboardX: not where the GPU check runs
     from ray_ddp.tracking.tracker import Tracker
     from ray_ddp.worker.profile import StepProfiler
-    from ray_ddp.worker.step import Pass
 
 # What the hang watchdog reports a rank doing (ray_ddp.reliability.hangs).
 WAITING_FOR_DATA = "training: waiting for data from the loader"
 COMPUTING = "training: forward and backward"
 GRADIENT_SYNC = "training: backward with DDP's gradient all-reduce"
 OPTIMIZER_STEP = "training: after backward, before the optimizer step is done"
+
+
+@dataclass
+class Pass:
+    """A pass in progress, as the step-level hooks see it."""
+
+    plan: EpochPlan
+    """The epoch's plan, from the position the pass started at."""
+    micro_batches: int
+    """This rank's micro-batches in the pass (its slots)."""
+    index: int = 0
+    """The micro-batch being trained (0-based)."""
+    step: int = 0
+    """The optimizer step being trained, counted over the run (1-based)."""
+    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    """This rank's sum of per-sample losses over the epoch so far, on the device: an
+    ``.item()`` every step would wait for the GPU each time."""
+    loss_count: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
+    """What ``loss_sum`` is over: samples, or a ``Sum`` loss's counts (tokens, say)."""
+    seen: int = 0
+    """This rank's samples of the epoch so far (the part before the pass included)."""
+    trained: int = 0
+    """This rank's samples trained in this pass."""
+    started: float = field(default_factory=time.perf_counter)
+    unread: frozenset[int] = frozenset()
+    """The dataset indices of the micro-batch's unreadable samples."""
+    ledger: list[tuple[int, int]] | None = None
+    """A test's sample ledger of the epoch (``EpochSums.ledger``), or None."""
 
 
 class StepHook:

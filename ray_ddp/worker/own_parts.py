@@ -34,9 +34,8 @@ from ray_ddp.task import Sum
 from ray_ddp.task.batches import first_tensor
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed
 from ray_ddp.worker.evaluate import evaluate
-from ray_ddp.worker.hooks import observed_loss
+from ray_ddp.worker.hooks import Pass, observed_loss
 from ray_ddp.worker.micro import Micro, OrderedData, Step, epoch_steps, ordered_data, step_end
-from ray_ddp.worker.step import Pass
 
 if TYPE_CHECKING:
     from ray_ddp.worker.own_loop import Run

@@ -22,18 +22,18 @@ import contextlib
 import functools
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ray_ddp.checkpoint.format import is_fsdp
-from ray_ddp.data.order.global_order import EpochPlan, GlobalOrderBatches, Slot
+from ray_ddp.data.order.global_order import GlobalOrderBatches, Slot
 from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import BadSamplesError, take_skipped
 from ray_ddp.task import Sum, Task, map_tensors
 from ray_ddp.worker.collectives import world_size
-from ray_ddp.worker.hooks import StepHook, observed_loss
+from ray_ddp.worker.hooks import Pass, StepHook, observed_loss
 from ray_ddp.worker.optim import Stepper
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast
@@ -116,34 +116,6 @@ class Limits:
         noticed = self.notice is not None and self.notice(step)  # asked at every boundary
         periodic = bool(self.checkpoint_every) and step % self.checkpoint_every == 0  # type: ignore[operator]
         return noticed or periodic
-
-
-@dataclass
-class Pass:
-    """A pass in progress, as the step-level hooks see it."""
-
-    plan: EpochPlan
-    """The epoch's plan, from the position the pass started at."""
-    micro_batches: int
-    """This rank's micro-batches in the pass (its slots)."""
-    index: int = 0
-    """The micro-batch being trained (0-based)."""
-    step: int = 0
-    """The optimizer step being trained, counted over the run (1-based)."""
-    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
-    """This rank's sum of per-sample losses over the epoch so far, on the device: an
-    ``.item()`` every step would wait for the GPU each time."""
-    loss_count: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
-    """What ``loss_sum`` is over: samples, or a ``Sum`` loss's counts (tokens, say)."""
-    seen: int = 0
-    """This rank's samples of the epoch so far (the part before the pass included)."""
-    trained: int = 0
-    """This rank's samples trained in this pass."""
-    started: float = field(default_factory=time.perf_counter)
-    unread: frozenset[int] = frozenset()
-    """The dataset indices of the micro-batch's unreadable samples."""
-    ledger: list[tuple[int, int]] | None = None
-    """A test's sample ledger of the epoch (``EpochSums.ledger``), or None."""
 
 
 @dataclass(frozen=True)
