@@ -137,6 +137,23 @@ def paired_figures(pairs: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
+def paired_table(r: dict[str, Any], on: str, off: str, ratio: str) -> str:
+    """An interleaved A/B's table (markdown): each arm's median and range, and the on/off
+    ratio pair by pair (``r``: ``paired_figures``' keys and the ``pairs``)."""
+
+    def spread(arm: str) -> str:
+        values = [p[arm] for p in r["pairs"]]
+        return f"{min(values):.1f}-{max(values):.1f}"
+
+    return (
+        "| | median | range |\n|---|---|---|\n"
+        f"| {on} | {r['on_median']:.1f} | {spread('on')} |\n"
+        f"| {off} | {r['off_median']:.1f} | {spread('off')} |\n"
+        f"| {ratio}, pair by pair | {r['ratio_median']:.3f} | "
+        f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f} |\n\n"
+    )
+
+
 def write_report(out: str, stem: str, result: dict[str, Any], text: str) -> None:
     """A benchmark's figures as ``<out>/<stem>.json`` and its text as ``<stem>.md``, the
     text also printed."""

@@ -43,7 +43,7 @@ from ray_ddp.image_classification.task import ImageClassification  # noqa: E402
 from ray_ddp.reliability.loss_guard import LossGuard, NonFiniteLossError  # noqa: E402
 from ray_ddp.testing.harness import Harness  # noqa: E402
 from ray_ddp.worker.comm_stats import attach_counter  # noqa: E402
-from ray_ddp.worker.observers import Faults, Guard, Observers  # noqa: E402
+from ray_ddp.worker.hooks import Faults, Guard, Hooks  # noqa: E402
 from ray_ddp.worker.optim import build_optimizer, build_scheduler  # noqa: E402
 from ray_ddp.worker.precision import grad_scaler  # noqa: E402
 from ray_ddp.worker.state import EpochSums, TrainState  # noqa: E402
@@ -119,7 +119,7 @@ def run(
         cfg.optim.grad_clip,
         channels_last,
     )
-    observer = Observers(
+    observer = Hooks(
         Faults(Harness(nan_step=nan_at), "", rank=0),  # the NaN check: a loss poisoned then
         Guard(LossGuard(device, rank=0, check_every=cfg.logging.log_every_steps)),
     )

@@ -30,7 +30,7 @@ for path in (ROOT, os.path.join(ROOT, "tests")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from common import paired_figures, write_report  # noqa: E402 - benchmarks/ is on the path
+from common import paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
 
 RUN = {"export": False, "progress_interval_s": 0}  # else jobs/train.py's defaults
 
@@ -111,10 +111,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(r: dict) -> str:
-    def spread(arm: str) -> str:
-        values = [p[arm] for p in r["pairs"]]
-        return f"{min(values):.1f}-{max(values):.1f}"
-
     return (
         f"# MLflow tracking overhead ({r['date']})\n\n"
         "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, small_resnet, "
@@ -122,12 +118,8 @@ def markdown(r: dict) -> str:
         f"{r['run']['epochs']} epoch(s) per run, with `--tracking mlflow` against a local "
         "`mlflow server` (SQLite store) and "
         f"without; {len(r['pairs'])} interleaved pairs, steady samples/s per worker.\n\n"
-        "| | median | range |\n|---|---|---|\n"
-        f"| tracking on | {r['on_median']:.1f} | {spread('on')} |\n"
-        f"| tracking off | {r['off_median']:.1f} | {spread('off')} |\n"
-        f"| on / off, pair by pair | {r['ratio_median']:.3f} | "
-        f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f} |\n\n"
-        f"Items rank 0 handed its sender per run: {r['pairs'][0]['sent']} (params, the step "
+        + paired_table(r, "tracking on", "tracking off", "on / off")
+        + f"Items rank 0 handed its sender per run: {r['pairs'][0]['sent']} (params, the step "
         "metrics every 50 steps, the epoch's metrics), sent from a background thread once a "
         "second; the training thread only puts them on a queue. The MLflow server ran on the "
         "same 2 cores as the workers (the 1-minute load average at the end: "

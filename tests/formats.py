@@ -157,3 +157,31 @@ def write_parquet_shards(
             pq.write_table(table, name, row_group_size=group_rows)
         written[split] = labels.tolist()
     return written
+
+
+class SimulatedLayout:
+    """A Parquet split's row groups without files: ``sizes[k]`` rows in group ``k`` of
+    one file, each row's value its own row number (a ``range``, so a group costs nothing
+    to "read"). For ``parquet_stream.StreamingParquet``: streams of a million row groups
+    and a billion rows, and counts of the reads."""
+
+    files = ["simulated.parquet"]
+
+    def __init__(self, sizes: list[int] | tuple[int, ...]) -> None:
+        from collections import Counter
+
+        from ray_ddp.data.parquet_stream import Piece
+
+        first = np.concatenate([[0], np.cumsum(sizes)[:-1]]).tolist()
+        self.pieces = [Piece(0, g, 0, int(sizes[g]), s) for g, s in enumerate(first)]
+        self.size = int(sum(sizes))
+        self.group_bytes = {(0, g): int(n) for g, n in enumerate(sizes)}
+        self.reads: Counter = Counter()
+
+    def read(self, piece) -> tuple[range, range]:
+        self.reads[piece.group] += 1
+        rows = range(piece.first, piece.first + piece.rows)
+        return rows, rows
+
+    def source(self, piece, offset: int) -> str:
+        return f"simulated.parquet row {piece.first + offset}"

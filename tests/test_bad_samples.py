@@ -51,7 +51,7 @@ from ray_ddp.image_classification.datasets import build_datasets
 from ray_ddp.reliability.attempts import last_attempt
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.worker.evaluate import evaluate
-from ray_ddp.worker.observers import Guard, Ledger, Observers, Skips
+from ray_ddp.worker.hooks import Guard, Hooks, Ledger, Skips
 from ray_ddp.worker.state import EpochSums, TrainState
 from ray_ddp.worker.step import Limits, StepCore, train_segment
 from ray_ddp.worker.unreadable import settle
@@ -349,7 +349,7 @@ def _epochs(unreadable: set[int], micro: int, per_step: int = 8, epochs: int = 1
     core = StepCore(state, Good(), optim.amp, torch.device("cpu"), optim.seed, optim.grad_clip,
                     stand_in=stand_in)  # fmt: skip
     skips = Skips(SkipLog())
-    observer = Observers(Guard(LossGuard(torch.device("cpu"), 0, 1)), skips, Ledger())
+    observer = Hooks(Guard(LossGuard(torch.device("cpu"), 0, 1)), skips, Ledger())
     segments, slots = [], []
     for epoch in range(epochs):
         order.set_position(epoch, 0)

@@ -98,9 +98,9 @@ def test_the_gpu_check_under_ray_rehearses_on_cpu(tmp_path, ray_session):
 
 def test_the_order_scale_benchmark_rehearses_its_smallest_sizes(tmp_path):
     """benchmarks/order_scale.py --quick: every order (today's, 41f20c4's randperm, the
-    streamed one) at 1e4 and 1e5 samples, 8 and 1,024 ranks, each in its own process: a
-    table row each, and today's order holds under 4 MB (the figures of 1e9 are its
-    full run's, results/order_scale.md)."""
+    streamed one of today and of versions 1 and 2) at 1e4 and 1e5 samples, 8 and 1,024
+    ranks, each in its own process: a table row each, and today's orders hold under 4 MB
+    (the figures of 1e9 are its full run's, results/order_scale.md)."""
     proc = subprocess.run(
         [sys.executable, os.path.join(BENCH, "order_scale.py"), "--quick", "--repeats", "1",
          "--out", str(tmp_path)],
@@ -110,10 +110,10 @@ def test_the_order_scale_benchmark_rehearses_its_smallest_sizes(tmp_path):
     records = json.loads((tmp_path / "order_scale_quick.json").read_text())["records"]
     assert {(r["kind"], r["size"], r["world"]) for r in records} == {
         (kind, size, world)
-        for kind in ("keyed", "randperm", "streamed")
+        for kind in ("keyed", "randperm", "streamed", "streamed-v2")
         for size in (10**4, 10**5)
         for world in (8, 1024)
     }
-    keyed = [r for r in records if r["kind"] == "keyed"]
+    keyed = [r for r in records if r["kind"] in ("keyed", "streamed")]
     assert all(r["memory_mb"] < 4 and r["first_batch_len"] == 64 for r in keyed), keyed
     assert (tmp_path / "order_scale_quick.md").read_text().count("| keyed |") == 4

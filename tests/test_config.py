@@ -63,7 +63,7 @@ def test_fields_are_read_from_their_sections_and_given_flat():
         0.2, 2, "elsewhere")  # fmt: skip
     assert again.optim is not cfg.optim and cfg.optim.lr == 0.1  # a copy, not a view
     # dataclasses.replace goes through the same flat keywords (code written before sections)
-    assert dataclasses.replace(cfg, lr=0.2, storage_path="elsewhere") == again
+    assert dataclasses.replace(cfg, lr=0.2, storage_path="elsewhere") == again  # flat on purpose
     with pytest.raises(TypeError, match="no field bogus"):
         cfg.replace(bogus=1)
 
@@ -71,16 +71,16 @@ def test_fields_are_read_from_their_sections_and_given_flat():
 def test_a_flat_read_of_earlier_code_still_works_with_a_warning():
     # Users' tasks written before the sections read a flat field: it still answers, and
     # the warning names the read to write instead. (The suite makes the warning an error.)
-    old = TrainConfig(batch_size=16)  # not "cfg": the codemod of issue 46 would rewrite it
+    old = TrainConfig(batch_size=16)
     with pytest.warns(FlatFieldWarning, match=r"TrainConfig\.optim\.batch_size"):
-        assert old.batch_size == 16
+        assert old.batch_size == 16  # flat on purpose
     with pytest.warns(FlatFieldWarning, match=r"TrainConfig\.optim\.lr"):
-        old.lr = 0.5
+        old.lr = 0.5  # flat on purpose
     assert old.optim.lr == 0.5 and "lr" not in vars(old)  # set in its section, no stray copy
     with pytest.raises(AttributeError, match="no field 'bogus'"):
-        old.bogus  # noqa: B018
+        old.bogus  # noqa: B018  # flat on purpose
     with pytest.raises(AttributeError):
-        old.bogus = 1
+        old.bogus = 1  # flat on purpose
 
 
 def test_warmup_then_cosine():

@@ -2,7 +2,8 @@
 record written by ray_ddp at d86bdea (tests/data, made by that commit's own save_state and
 write_record, testing-aid fields and all) load, check, restore and guard re-runs as they
 did, and its epoch is finished in the order it was counted in (``torch.randperm``, order
-version 1; issue 47). A run record written by 71e8b1a's write_record (before issue 46's
+version 1; issue 47), as a streamed Parquet checkpoint's is in the whole-list order of
+order versions 1 and 2. A run record written by 71e8b1a's write_record (before issue 46's
 typed config) reads into the same config, field by field, and guards its re-runs. No Ray:
 the restore is the worker's own, on a model and optimizer built here."""
 
@@ -14,12 +15,16 @@ import shutil
 
 import pytest
 import torch
+from formats import SimulatedLayout
 from torch.utils.data import DataLoader
 
 from ray_ddp.checkpoint.format import check_compatible, load_model, load_state, saved_config
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.data.order.continuation import order_record
 from ray_ddp.data.order.global_order import ORDER_VERSION, RANDPERM_VERSION, GlobalOrderBatches
+from ray_ddp.data.order.streamed_batches import StreamedBatches
+from ray_ddp.data.order.streaming import STREAMED_VERSION, streaming_order
+from ray_ddp.data.parquet_stream import StreamingParquet
 from ray_ddp.driver.elastic import keep_global_batch
 from ray_ddp.driver.rerun_guard import RECORD_FILE, check_rerun, recorded_config
 from ray_ddp.image_classification.models import build_model
@@ -29,7 +34,7 @@ from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
 from ray_ddp.worker.resume import Restored, continue_epoch, restore_training
-from ray_ddp.worker.state import EpochSums, TrainState
+from ray_ddp.worker.state import EpochSums, TrainProgress, TrainState
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 CHECKPOINT = os.path.join(DATA, "checkpoint_d86bdea")
@@ -101,6 +106,37 @@ def test_an_earlier_checkpoint_finishes_its_epoch_in_its_own_order(capsys):
     order.set_position(2, 0)
     assert order.plan.version == ORDER_VERSION
     assert record["version"] == ORDER_VERSION
+
+
+def test_a_streamed_checkpoint_of_the_whole_list_order_finishes_its_epoch_in_it(capsys):
+    """A streamed Parquet checkpoint of order version 2 (the whole-list order that
+    versions 1 and 2 share, ``streaming.streaming_order``) stopped 3 steps into epoch 2:
+    that epoch is finished in it, said in one line, and the next takes today's (version
+    3, computed by position); today's checkpoints record version 3. Row groups simulated
+    (no files): the order depends only on their sizes."""
+    now = TrainConfig(**FLAGS)
+    sizes = [16, 16, 9, 16, 16, 5, 16, 16, 16, 10] * 3
+    split = StreamingParquet(SimulatedLayout(sizes), lambda x, y: (x, y))
+    order = StreamedBatches(split, buffer=40, batch_size=8, global_batch=32, seed=7, rank=0,
+                            world_size=2, tag_epoch=False)  # fmt: skip
+    record = order_record(order.plan, "f")
+    assert record["version"] == STREAMED_VERSION and record["streamed"]
+    train, worker = _restored(now), Worker(rank=0, local_rank=0, world_size=2,
+                                           device=torch.device("cpu"))  # fmt: skip
+    saved = {**record, "version": ORDER_VERSION}  # what a run before version 3 recorded
+    train.progress = TrainProgress(epoch=1, sample=96, step=order.plan.steps + 3, order=saved)
+    data = WorkerData(None, order, None, len(split), 0, order.plan.steps, 2, record)
+    continue_epoch(Restored({}, "the checkpoint"), train, worker, now, data, EpochSums())
+    lines = [line for line in capsys.readouterr().out.splitlines() if "order version" in line]
+    assert len(lines) == 1 and "epoch 2 is finished in the order its checkpoint" in lines[0]
+    assert "(order version 2); the epochs after it take version 3" in lines[0]
+    order.set_position(1, 96)
+    then = streaming_order(tuple(sizes), 40, 7, 1, 4, 8)
+    assert order.plan.version == ORDER_VERSION
+    assert [[r.index for r in rows] for rows in order][:2] == [then[96:104], then[112:120]]
+    order.set_position(2, 0)
+    assert order.plan.version == STREAMED_VERSION
+    assert list(order.plan.order()) != streaming_order(tuple(sizes), 40, 7, 2, 4, 8)
 
 
 def test_an_earlier_run_record_guards_its_re_runs(tmp_path):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ray_ddp.reliability.loss_guard import LossGuard, NonFiniteLossError, nonfinite_message
-from ray_ddp.worker.optim import optimizer_step
+from ray_ddp.worker.optim import Stepper
 
 
 def _setup(enabled: bool):
@@ -22,14 +22,14 @@ def test_an_overflowed_fp16_step_is_skipped_without_advancing_the_schedule():
     before = [p.detach().clone() for p in model.parameters()]
     scaler.scale(model(torch.ones(2, 3)).sum()).backward()
     model.weight.grad[0, 0] = float("inf")  # what an fp16 overflow leaves behind
-    assert optimizer_step(optimizer, scaler, scheduler) is False
+    assert Stepper(scaler, 1, torch.device("cpu")).step([optimizer], [scheduler]) is False
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
     assert scheduler.last_epoch == 0 and optimizer.param_groups[0]["lr"] == 0.1
     assert scaler.get_scale() == 2.0**9  # backed off, ready for the next try
 
     optimizer.zero_grad()
     scaler.scale(model(torch.ones(2, 3)).sum()).backward()
-    assert optimizer_step(optimizer, scaler, scheduler) is True
+    assert Stepper(scaler, 1, torch.device("cpu")).step([optimizer], [scheduler]) is True
     assert scheduler.last_epoch == 1 and optimizer.param_groups[0]["lr"] == 0.05
     assert not torch.equal(before[0], model.weight)
 
@@ -37,7 +37,7 @@ def test_an_overflowed_fp16_step_is_skipped_without_advancing_the_schedule():
 def test_without_a_scaler_every_step_applies():
     model, optimizer, scheduler, scaler = _setup(enabled=False)
     model(torch.ones(2, 3)).sum().backward()
-    assert optimizer_step(optimizer, scaler, scheduler) is True
+    assert Stepper(scaler, 1, torch.device("cpu")).step([optimizer], [scheduler]) is True
     assert scheduler.last_epoch == 1
 
 

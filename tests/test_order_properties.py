@@ -17,10 +17,16 @@ What an order promises (``global_order``'s and ``streaming``'s docstrings):
    ``j`` (a contiguous run of the epoch's row-group order), within one shuffle window;
 6. the in-memory order (``permutation.KeyedPermutation``) is a bijection of ``[0, N)``,
    at any N (to 2**62, through its inverse), and a rank's slots, computed when read, are
-   those of a plan resumed there, at a billion samples too.
+   those of a plan resumed there, at a billion samples too;
+7. today's streamed order (``streaming.StreamedOrder``), computed at any position, is the
+   order its definition makes whole, window after window; at a billion rows in up to
+   1e5 row groups, a step's micro-batches are the same read from the epoch's plan at one
+   world size and from a plan resumed at that step at another.
 
-The in-memory order is drawn in both versions (``global_order.ORDER_VERSION`` and the
-first, ``torch.randperm``, which a checkpoint of it finishes its epoch in).
+Each order is drawn in both its versions: the in-memory one in ``ORDER_VERSION`` and the
+first, ``torch.randperm``; the streamed one in ``streaming.STREAMED_VERSION`` and the
+whole-list order of versions 1 and 2 (a checkpoint of an older version finishes its epoch
+in it).
 
 The locality checks do not re-derive the implementation's random draws: they check what
 any order with lanes and windows must satisfy (see ``_assert_lanes_are_local``).
@@ -40,6 +46,7 @@ from hypothesis import strategies as st
 
 from ray_ddp.data.order.global_order import ORDER_VERSION, RANDPERM_VERSION, EpochPlan, Slot
 from ray_ddp.data.order.permutation import KeyedPermutation
+from ray_ddp.data.order.streaming import STREAMED_VERSION, StreamedOrder
 
 PROPERTIES = settings(
     max_examples=60,
@@ -78,7 +85,11 @@ def plans(draw: st.DrawFn, streamed: bool) -> EpochPlan:
         epoch=draw(st.integers(0, 1000)),
         pieces=pieces,
         buffer=draw(st.integers(1, 300)) if streamed else 0,
-        version=draw(st.sampled_from([ORDER_VERSION, RANDPERM_VERSION])),
+        version=draw(
+            st.sampled_from(
+                [STREAMED_VERSION, ORDER_VERSION] if streamed else [ORDER_VERSION, RANDPERM_VERSION]
+            )
+        ),
     )
 
 
@@ -374,3 +385,97 @@ def test_a_billion_samples_slots_are_those_of_a_plan_resumed_there(
     ]
     assert len(slots) == (plan.steps - 1) * turns + slots.last_turns
     assert all(0 <= i < size for s in mine for i in s.indices)
+
+
+def _defined(pieces: tuple[int, ...], buffer: int, seed: int, epoch: int, lanes: int, batch: int):
+    """``streaming``'s definition, step by step, made whole in lists: the row groups in
+    their keyed order, their rows cut into lanes, each window of a lane put in its own
+    keyed order, then every lane's next micro-batch a step, and the lanes' tails last."""
+    window = -(-buffer // batch) * batch
+    firsts = np.concatenate([[0], np.cumsum(pieces)[:-1]]).tolist()
+    groups = KeyedPermutation(len(pieces), seed, epoch, 0)
+    run = [firsts[g] + i for g in groups for i in range(pieces[g])]
+    bounds = [lane * len(run) // lanes for lane in range(lanes + 1)]
+    runs = []
+    for j in range(lanes):
+        lane = run[bounds[j] : bounds[j + 1]]
+        for w, begin in enumerate(range(0, len(lane), window)):
+            rows = lane[begin : begin + window]
+            lane[begin : begin + window] = [
+                rows[i] for i in KeyedPermutation(len(rows), seed, epoch, 1, j, w)
+            ]
+        runs.append(lane)
+    full = min(len(lane) for lane in runs) // batch
+    steps = [i for s in range(full) for lane in runs for i in lane[s * batch : (s + 1) * batch]]
+    return steps + [i for lane in runs for i in lane[full * batch :]]
+
+
+@PROPERTIES
+@given(
+    pieces=st.lists(st.integers(1, 300), min_size=1, max_size=60).map(tuple),
+    buffer=st.integers(1, 700),
+    lanes=st.integers(1, 16),
+    batch=st.integers(1, 64),
+    seed=SEEDS,
+    epoch=EPOCHS,
+    data=st.data(),
+)
+def test_today_s_streamed_order_at_any_position_is_its_definition_made_whole(
+    pieces, buffer, lanes, batch, seed, epoch, data
+):
+    """Property 7: every position's row, computed from the position alone (in a drawn
+    order, a few at a time), is the row the definition puts there; so every row once."""
+    order = StreamedOrder(pieces, buffer, seed, epoch, lanes, batch)
+    whole = _defined(pieces, buffer, seed, epoch, lanes, batch)
+    assert sorted(whole) == list(range(sum(pieces))) and len(order) == len(whole)
+    positions = data.draw(st.permutations(range(len(whole))))
+    for begin in range(0, len(positions), 97):
+        some = np.asarray(positions[begin : begin + 97], dtype=np.int64)
+        assert order.at(some).tolist() == [whole[p] for p in some.tolist()]
+
+
+@PROPERTIES
+@given(
+    size=st.integers(10**9, 10**12),
+    groups=st.integers(1, 10**5),
+    batch=st.integers(1, 64),
+    per_step=st.integers(1, 8),
+    buffer=st.integers(1, 4096),
+    data=st.data(),
+)
+def test_a_billion_streamed_rows_resume_at_any_step_at_another_world_size(
+    size, groups, batch, per_step, buffer, data
+):
+    """Property 7 at scale: ``size`` rows in about ``groups`` row groups of drawn sizes; a step
+    ``k`` drawn anywhere in the epoch. Its micro-batches, read from the epoch's plan by
+    every rank of one world size, are those a plan resumed at step ``k`` gives every rank
+    of another: distinct rows of the split, each micro-batch from a window's few groups."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**32)))
+    cuts = np.unique(rng.integers(1, size, size=groups - 1))  # groups - 1 or a few fewer
+    pieces = tuple(np.diff(np.concatenate([[0], cuts, [size]])).tolist())
+    plan = EpochPlan(size, batch, batch * per_step, seed=data.draw(SEEDS), epoch=5,
+                     pieces=pieces, buffer=buffer)  # fmt: skip
+    k = data.draw(st.integers(0, plan.steps - 1), label="step")
+    rest = _resumed(plan, plan.step_start(k))
+    one, other = (data.draw(st.integers(1, per_step), label="world") for _ in range(2))
+
+    def step(p: EpochPlan, world: int, number: int) -> dict[int, list[int]]:
+        micro: dict[int, list[int]] = {}
+        for rank in range(world):
+            slots = p.slots(rank, world)
+            turns = slots.turns(per_step)
+            for s in slots[number * turns : (number + 1) * turns]:
+                if s.step == number and not s.filler:
+                    micro[s.micro] = s.indices
+        return micro
+
+    mine, theirs = step(plan, one, k), step(rest, other, 0)
+    assert mine == theirs and len(mine) in (per_step, plan.micro_batches - k * per_step)
+    rows = [i for indices in mine.values() for i in indices]
+    assert len(set(rows)) == len(rows) and all(0 <= i < size for i in rows)
+    starts = np.concatenate([[0], np.cumsum(pieces)[:-1]])
+    window = -(-buffer // batch) * batch
+    for indices in mine.values():  # locality: a window's rows, from neighbouring groups
+        read = np.unique(np.searchsorted(starts, indices, side="right") - 1)
+        held = sorted((pieces[g] for g in read.tolist()), reverse=True)
+        assert sum(held[2:]) <= window or len(indices) != batch

@@ -6,12 +6,19 @@ seeded draws) three times on one shared Ray, 3 fits: uninterrupted on 2 workers;
 command stopped by ``--max-steps`` inside the first epoch on 2 workers, then run again
 without it on 1 worker. Every registered tensor of the two final checkpoints must agree
 within 1e-6 (norm-relative, tensor by tensor); measured: 0.0, bit for bit.
+
+The stopped run meets, on the way, the faults an own loop must come through (no fit
+added): asynchronous checkpoints every 2 steps; rank 1 dies at step 4 (``os._exit``: no
+clean-up, as under SIGKILL); rank 0 hangs at step 6, found by the hang watchdog within
+``--hang-timeout``. Each time the group restarts from the latest checkpoint.
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
 
 import pytest
 import torch
@@ -19,10 +26,14 @@ import torch
 import ray_ddp
 from examples.own_loop import gan
 from ray_ddp.checkpoint.format import load_checkpoint_state
+from ray_ddp.testing.harness import ENV, Harness, Stall
 
 pytestmark = pytest.mark.ray
 
 STEPS_PER_EPOCH = 16  # 512 samples, a global batch of 16 x 2
+FAULTS = Harness(stalls=(Stall(4, rank=1, exit=True), Stall(6, rank=0)))
+CUT = ["--max-steps", "7", "--checkpoint-every", "2", "--checkpoint-mode", "async",
+       "--max-failures", "2", "--hang-timeout", "4", "--hang-grace", "30"]  # fmt: skip
 
 
 def _gan(storage: str, name: str, workers: int, *more: str) -> dict:
@@ -37,8 +48,13 @@ def _gan(storage: str, name: str, workers: int, *more: str) -> dict:
 @pytest.fixture(scope="module")
 def gan_runs(ray_session, tmp_path_factory):
     storage = str(tmp_path_factory.mktemp("own_loop"))
-    whole = _gan(storage, "whole", 2)
-    stopped = _gan(storage, "cut", 2, "--max-steps", "7")
+    whole = _gan(storage, "whole", 2, "--profile-steps", "3-4")  # profiled: the same math
+    os.environ.update(FAULTS.to_env())
+    try:
+        stopped = _gan(storage, "cut", 2, *CUT)
+    finally:
+        del os.environ[ENV]
+    stopped["run_dir"] = os.path.join(storage, "cut")
     # Read now: the re-run keeps only the run's latest checkpoints (--keep-checkpoints).
     stopped["state"] = load_checkpoint_state(stopped["latest_checkpoint"])
     resumed = _gan(storage, "cut", 1)
@@ -83,6 +99,36 @@ def test_a_gan_stopped_inside_an_epoch_and_resumed_on_fewer_workers_is_the_same_
     assert not torch.equal(a["ema"]["average.0.weight"], a["generator"]["0.weight"])
 
 
+def test_an_own_loop_comes_through_a_dead_rank_and_a_hang_from_its_async_checkpoints(gan_runs):
+    """The stopped run's three attempts (the resumed run's equality is the test above): the
+    first ends when rank 1 dies at step 4, the second when the watchdog finds rank 0 hung
+    at step 6 (its report names it); the third starts from a checkpoint written
+    asynchronously (step 4's). (The second starts from step 2's, or from the start where
+    Ray had not yet registered it when rank 1 died: the same run either way.)"""
+    _, stopped, _ = gan_runs
+    with open(os.path.join(stopped["run_dir"], "attempts.csv")) as file:
+        attempts = list(csv.DictReader(file))
+    assert [(a["attempt"], a["world_size"]) for a in attempts[:3]] == [
+        ("1", "2"), ("2", "2"), ("3", "2")
+    ]  # fmt: skip
+    assert attempts[2]["checkpoint"].startswith("checkpoint_")  # its name (since pruned)
+    hang = os.path.join(stopped["run_dir"], "hangs", "attempt-2")
+    with open(os.path.join(hang, "rank-0.txt")) as file:
+        assert "time.sleep(planned.seconds)" in file.read()  # where it hung
+    assert stopped["checkpoints"]["mode"] == "async"
+
+
+def test_an_own_loop_is_profiled_over_the_steps_asked(gan_runs):
+    """``--profile-steps 3-4`` on the uninterrupted run: one trace per rank, rank 0's top
+    operators in the summary."""
+    whole, _, _ = gan_runs
+    folder = os.path.join(whole["run_dir"], "profiles", "attempt-1")
+    assert sorted(os.listdir(folder)) == ["rank-0.trace.json", "rank-1.trace.json"]
+    with open(os.path.join(folder, "rank-1.trace.json")) as file:
+        assert json.load(file)["traceEvents"]
+    assert whole["profile"]["steps"] == "3-4" and "Self CPU" in whole["profile"]["top"]
+
+
 def test_an_own_loop_reports_each_epoch_with_its_checkpoint(gan_runs):
     whole, _, resumed = gan_runs
     assert [row["epoch"] for row in whole["history"]] == [1, 2]
@@ -121,19 +167,26 @@ def test_the_seed_guides_script_ported_validates_exactly(ray_session, tmp_path):
     assert summary["final"]["val_acc"] == pytest.approx(correct / 203, abs=1e-12)
 
 
-def test_a_token_weighted_lm_trains_the_same_weights_at_any_split(ray_session, tmp_path):
-    """examples/own_loop/lm.py (a ``Sum`` loss over variable-length sequences, 2 fits): 1
+def test_a_token_weighted_lm_trains_the_same_weights_at_any_split(
+    ray_session, tracking_server, tmp_path
+):
+    """examples/own_loop/lm.py (a ``Sum`` loss over variable-length sequences, 4 fits): 1
     worker x batch 16 and 2 workers x batch 8 make the same optimizer steps, so the same
-    weights, schedule and momentum (within 1e-5; SGD keeps rounding at rounding level)."""
+    weights, schedule and momentum (within 1e-5; SGD keeps rounding at rounding level).
+    The 2-worker run is tracked in a real MLflow server: its params, every step's
+    training loss and lr, and its report's metrics, read back through the client. Then
+    the same under FSDP2, stopped on 2 workers and resumed on 1 from its shards."""
     from examples.own_loop import lm
 
     common = ["--epochs", "1", "--max-steps", "12", "--storage-path", str(tmp_path)]
+    tracked = ["--tracking", "mlflow", "--tracking-uri", tracking_server.uri,
+               "--experiment", "own-loop", "--log-every-steps", "1"]  # fmt: skip
     summaries = []
     for workers, batch in ((1, 16), (2, 8)):
         path = str(tmp_path / f"lm-{workers}.json")
         argv = [*common, "--num-workers", str(workers), "--batch-size", str(batch),
                 "--name", f"lm{workers}", "--summary-json", path]  # fmt: skip
-        assert lm.main(argv) == 0
+        assert lm.main(argv + (tracked if workers == 2 else [])) == 0
         with open(path) as file:
             summaries.append(json.load(file))
     one, two = (ray_ddp.load_state(s["latest_checkpoint"]) for s in summaries)
@@ -145,3 +198,44 @@ def test_a_token_weighted_lm_trains_the_same_weights_at_any_split(ray_session, t
     assert momentum[1] <= 1e-5, momentum
     # The model learnt: below a uniform guess over the vocabulary.
     assert summaries[0]["final"]["val_loss"] < math.log(lm.VOCAB)
+    _assert_tracked(tracking_server.uri, summaries[1])
+    _assert_sharded_run_is_the_same(tmp_path, one["model"])
+
+
+def _assert_sharded_run_is_the_same(tmp_path, model: dict) -> None:
+    """The LM under FSDP2 (2 fits): 2 workers x batch 8 stopped at step 6, its sharded
+    checkpoint resumed on 1 worker to step 12: the weights of the 1-worker DDP run."""
+    from examples.own_loop import lm
+
+    common = ["--epochs", "1", "--storage-path", str(tmp_path), "--name", "lm-fsdp2",
+              "--strategy", "fsdp2"]  # fmt: skip
+    path = str(tmp_path / "lm-fsdp2.json")
+    assert lm.main([*common, "--num-workers", "2", "--batch-size", "8", "--max-steps", "6"]) == 0
+    # The same flags on 1 worker: the run's global batch of 16 is kept (2 micro-batches).
+    argv = [*common, "--num-workers", "1", "--batch-size", "8", "--max-steps", "12",
+            "--summary-json", path]  # fmt: skip
+    assert lm.main(argv) == 0
+    with open(path) as file:
+        summary = json.load(file)
+    assert summary["steps"] == 12 and summary["world_size"] == 1
+    sharded = ray_ddp.load_state(summary["latest_checkpoint"])
+    assert sorted(sharded) == ["model", "optimizer", "schedule"]
+    assert sharded["schedule"]["last_epoch"] == 12
+    worst = max(_differences(sharded["model"], model), key=lambda d: d[1])
+    assert worst[1] <= 1e-5, worst
+
+
+def _assert_tracked(uri: str, summary: dict) -> None:
+    """The own loop's tracker run, as MLflow's client reads it."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    assert summary["tracking"]["complete"] is True
+    run = client.get_run(summary["tracking"]["run_id"])
+    assert run.data.params["world_size"] == "2" and run.data.params["batch_size"] == "8"
+    losses = client.get_metric_history(run.info.run_id, "train_loss")
+    assert sorted(m.step for m in losses) == list(range(1, 13))
+    assert all(math.isfinite(m.value) for m in losses)
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "lr")] != []
+    reported = client.get_metric_history(run.info.run_id, "val_loss")
+    assert [(m.step, m.value) for m in reported] == [(12, summary["final"]["val_loss"])]

@@ -17,8 +17,11 @@ rank wrote its part of, with ``torch.distributed.checkpoint``, into ``shards/``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +109,7 @@ def state_of(
         "config": config,
         "task_meta": task_meta,
         "world_size": world_size,
-        "epoch_partial": [[s.loss_sum, s.samples] for s in partial],
+        "epoch_partial": [[s.loss_sum, s.samples, s.count] for s in partial],
     }
     ledgers = [s.ledger for s in partial if s.ledger is not None]
     if ledgers:  # a test's sample ledger (ray_ddp.testing)
@@ -232,13 +235,39 @@ def registered_states(checkpoint: str) -> dict[str, Any]:
     """The named states an own loop registered (``Run.register``), from its checkpoint at
     a local path or a storage URI: name -> state dict, tensors on the CPU
     (``ray_ddp.load_state``)."""
-    state = load_checkpoint_state(checkpoint)
-    if "states" not in state:
-        raise CheckpointError(
-            f"{checkpoint} was written by the built-in loop: read it with ray_ddp.load_model"
-        )
-    states: dict[str, Any] = state["states"]
-    return states
+    with _local(checkpoint) as directory:
+        state = load_state(directory)
+        if "states" not in state:
+            raise CheckpointError(
+                f"{checkpoint} was written by the built-in loop: read it with ray_ddp.load_model"
+            )
+        states: dict[str, Any] = state["states"]
+        return states if not is_sharded(state) else {**states, **_gathered(directory)}
+
+
+@contextlib.contextmanager
+def _local(checkpoint: str) -> Iterator[str]:
+    """A checkpoint directory at a local path, or a storage URI's downloaded."""
+    if not is_uri(checkpoint):
+        yield checkpoint
+        return
+    try:
+        with local_copy(checkpoint) as directory:
+            yield directory
+    except OSError as exc:
+        raise CheckpointError(f"cannot read checkpoint {checkpoint}: {exc}") from exc
+
+
+def _gathered(directory: str) -> dict[str, Any]:
+    """Every state of a sharded checkpoint's ``shards/``, whole, in this process alone
+    (no process group): DCP's shards of every rank put together (``dcp_to_torch_save``)."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as scratch:
+        whole = os.path.join(scratch, "whole.pt")
+        dcp_to_torch_save(os.path.join(directory, SHARDS), whole)
+        gathered: dict[str, Any] = torch.load(whole, map_location="cpu", weights_only=False)
+        return gathered
 
 
 def task_meta(task_spec: str, facts: dict[str, Any]) -> dict[str, Any]:

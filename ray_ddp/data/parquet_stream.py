@@ -10,7 +10,9 @@ files' footers alone. Nothing else is read until a loader asks:
   (:class:`FetchedRow`, read by the sampler), not rows it looks up by number;
 - :class:`RowStream`: reads the row groups a sequence of batches needs, in the order they
   are first needed, on a background thread (pyarrow reads and decompresses without the
-  GIL), keeping only the groups still to be used plus ``READ_AHEAD`` more.
+  GIL), keeping only the groups still to be used plus ``READ_AHEAD`` more, planned a few
+  batches ahead as the batches come (never the whole pass: its memory does not grow with
+  the rows).
 
 Which rows a rank trains, in which order, is the business of ``ray_ddp.data.order.global_order``
 (with ``ray_ddp.data.order.streaming`` for the two-level shuffle); this module only turns a
@@ -22,7 +24,8 @@ from __future__ import annotations
 
 import io
 import threading
-from collections.abc import Iterator, Sequence
+from collections import deque
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -230,40 +233,56 @@ class StreamingParquet(_Dataset):
         """The piece each row number is in."""
         return np.searchsorted(self.starts, rows, side="right") - 1
 
-    def stream(self, batches: Sequence[Sequence[int]]) -> RowStream:
-        return RowStream(self, batches)
+    def stream(self, batches: Iterable[Sequence[int]], horizon: int = 1) -> RowStream:
+        return RowStream(self, batches, horizon)
 
 
 class RowStream:
-    """Iterates ``batches`` (lists of row numbers) as lists of :class:`FetchedRow`,
-    reading each row group once, in the order the batches first need them, on a
-    background thread; a group is dropped after the last batch that needs it. At most
-    ``capacity`` groups are held: the most any batch's neighbourhood keeps live (see
-    :func:`live_groups`) plus ``READ_AHEAD``."""
+    """Iterates ``batches`` (lists of row numbers, read as they are needed) as lists of
+    :class:`FetchedRow`, reading row groups on a background thread in the order the
+    batches first need them. It plans as it goes, never the whole pass: it looks
+    ``horizon`` batches past the current one, keeps a group while a batch there still
+    needs it, and drops it otherwise (read again should a later batch need it: the
+    streamed order's ``horizon`` makes that rare, see ``StreamedBatches.horizon``). It
+    reads a group first needed by a later batch only while fewer than ``READ_AHEAD`` such
+    are held, so it holds at most the groups live at a batch (needed at or before it and
+    at or after it) plus ``READ_AHEAD``; its memory besides is the look-ahead's rows."""
 
-    def __init__(self, dataset: StreamingParquet, batches: Sequence[Sequence[int]]) -> None:
-        self.dataset, self.batches = dataset, batches
-        self.needs = [
-            sorted(set(dataset.pieces_of(np.asarray(b, dtype=np.int64)).tolist())) for b in batches
-        ]
-        self.load_order, self.last_use, peak = live_groups(self.needs)
-        self.capacity = peak + READ_AHEAD
+    def __init__(
+        self, dataset: StreamingParquet, batches: Iterable[Sequence[int]], horizon: int = 1
+    ) -> None:
+        self.dataset, self.batches, self.horizon = dataset, batches, max(1, horizon)
+        self.held = 0
+        """The most row groups held at once so far."""
         self._cache: dict[int, tuple[list, list]] = {}
+        self._uses: dict[int, int] = {}  # group -> batches of the look-ahead that need it
+        self._wanted: deque[tuple[int, int]] = deque()  # (group, first batch) to read
+        self._first: dict[int, int] = {}  # a group read or to read -> its first batch
+        self._current = 0  # the batch being handed out
         self._error: BaseException | None = None
         self._stop = threading.Event()
         self._changed = threading.Condition()
 
+    def _may_read(self) -> bool:
+        """The next wanted group is for the current batch, or few are read ahead."""
+        if not self._wanted:
+            return False
+        early = sum(1 for g in self._cache if self._first[g] > self._current)
+        return self._wanted[0][1] <= self._current or early < READ_AHEAD
+
     def _read_all(self) -> None:
         try:
-            for number in self.load_order:
+            while True:
                 with self._changed:
-                    while len(self._cache) >= self.capacity and not self._stop.is_set():
+                    while not self._may_read() and not self._stop.is_set():
                         self._changed.wait(1.0)
-                if self._stop.is_set():
-                    return
+                    if self._stop.is_set():
+                        return
+                    number = self._wanted.popleft()[0]
                 values = self.dataset.layout.read(self.dataset.pieces[number])
                 with self._changed:
                     self._cache[number] = values
+                    self.held = max(self.held, len(self._cache))
                     self._changed.notify_all()
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             with self._changed:
@@ -282,57 +301,68 @@ class RowStream:
                 self._changed.wait(1.0)
             return self._cache[number]
 
+    def _plan(self, number: int, batch: Sequence[int]) -> list[int]:
+        """Batch ``number`` enters the look-ahead: the groups it needs (sorted), a use
+        each, and those not held or wanted yet are wanted from it on."""
+        needs = sorted(set(self.dataset.pieces_of(np.asarray(batch, dtype=np.int64)).tolist()))
+        with self._changed:
+            for g in needs:
+                self._uses[g] = self._uses.get(g, 0) + 1
+                if self._uses[g] == 1:
+                    self._wanted.append((g, number))
+                    self._first[g] = number
+            self._changed.notify_all()
+        return needs
+
+    def _done_with(self, needs: list[int]) -> None:
+        """The current batch is handed out: a group no batch of the look-ahead needs is
+        dropped."""
+        with self._changed:
+            for g in needs:
+                self._uses[g] -= 1
+                if not self._uses[g]:
+                    del self._uses[g], self._cache[g], self._first[g]
+            self._current += 1
+            self._changed.notify_all()
+
+    def _rows(self, batch: Sequence[int], needs: list[int]) -> list[FetchedRow]:
+        dataset, starts = self.dataset, self.dataset.starts
+        groups = {g: self._group(g) for g in needs}
+        rows = []
+        for row in batch:
+            g = int(np.searchsorted(starts, row, side="right") - 1)
+            offset = row - int(starts[g])
+            inputs, labels = groups[g]
+            piece = dataset.pieces[g]
+            rows.append(
+                FetchedRow(row, (inputs[offset], labels[offset]),
+                           dataset.layout.source(piece, offset))
+            )  # fmt: skip
+        return rows
+
     def __iter__(self) -> Iterator[list[FetchedRow]]:
         reader = threading.Thread(target=self._read_all, name="parquet-stream", daemon=True)
         reader.start()
-        dataset, starts = self.dataset, self.dataset.starts
+        source, planned = iter(self.batches), 0
+        ahead: deque[tuple[Any, Any]] = deque()
         try:
-            for number, (batch, needs) in enumerate(zip(self.batches, self.needs, strict=True)):
-                groups = {g: self._group(g) for g in needs}
-                rows = []
-                for row in batch:
-                    g = int(np.searchsorted(starts, row, side="right") - 1)
-                    offset = row - int(starts[g])
-                    inputs, labels = groups[g]
-                    piece = dataset.pieces[g]
-                    rows.append(
-                        FetchedRow(row, (inputs[offset], labels[offset]),
-                                   dataset.layout.source(piece, offset))
-                    )  # fmt: skip
-                with self._changed:
-                    for g in needs:
-                        if self.last_use[g] == number:
-                            del self._cache[g]
-                    self._changed.notify_all()
+            while True:
+                while len(ahead) <= self.horizon:  # the current batch and `horizon` more
+                    batch = next(source, None)
+                    if batch is None:
+                        break
+                    ahead.append((batch, self._plan(planned, batch)))
+                    planned += 1
+                if not ahead:
+                    return
+                batch, needs = ahead.popleft()
+                rows = self._rows(batch, needs)
+                self._done_with(needs)
                 yield rows
         finally:
             self._stop.set()  # an abandoned pass (a checkpoint break) stops its reader
             with self._changed:
                 self._changed.notify_all()
-
-
-def live_groups(needs: Sequence[Sequence[int]]) -> tuple[list[int], dict[int, int], int]:
-    """For batches needing the given groups: the order groups are first needed in, each
-    group's last batch, and the most groups live at once (needed by a batch at or before a
-    point and by one at or after it)."""
-    order: list[int] = []
-    first: dict[int, int] = {}
-    last: dict[int, int] = {}
-    for number, groups in enumerate(needs):
-        for g in groups:
-            if g not in first:
-                first[g] = number
-                order.append(g)
-            last[g] = number
-    change = [0] * (len(needs) + 1)
-    for g, begin in first.items():
-        change[begin] += 1
-        change[last[g] + 1] -= 1
-    live = peak = 0
-    for delta in change:
-        live += delta
-        peak = max(peak, live)
-    return order, last, peak
 
 
 def decoder(image: bool, transform) -> Any:

@@ -39,12 +39,6 @@ def launch(
 
 def refuse_unsupported(cfg: TrainConfig) -> None:
     """What an own loop does not run yet, refused before Ray starts."""
-    if cfg.scaling.strategy != "ddp":
-        raise ConfigError("--strategy fsdp2 is for the built-in loop; an own loop runs DDP")
-    if cfg.logging.tracking != "none" or cfg.logging.profile_steps:
-        flag = "--tracking" if cfg.logging.tracking != "none" else "--profile-steps"
-        raise ConfigError(f"{flag} is for the built-in loop so far; an own loop reports "
-                          "its metrics to Ray (run.report)")  # fmt: skip
     if cfg.data.data_engine != "torch":
         raise ConfigError("--data-engine ray is for the built-in loop; an own loop reads "
                           "its datasets in the global order (--data-engine torch)")  # fmt: skip

@@ -98,17 +98,19 @@ def progress_line(
     epochs: int,
     done: int,
     total: int,
-    loss: float,
+    loss: float | None,
     samples_per_s: float,
     eta_s: float,
     width: int = 24,
 ) -> str:
     """An in-epoch progress bar as one line (Ray forwards worker output line by line, so
-    an in-place terminal bar cannot reach the driver)."""
+    an in-place terminal bar cannot reach the driver). ``loss``: None, where the loop's
+    losses are its own."""
     filled = round(width * done / max(1, total))
+    shown = "" if loss is None else f"loss {loss:.4f}  "
     return (
         f"  epoch {epoch}/{epochs} [{'#' * filled}{'.' * (width - filled)}] "
-        f"{100 * done / max(1, total):3.0f}%  {done}/{total} samples  loss {loss:.4f}  "
+        f"{100 * done / max(1, total):3.0f}%  {done}/{total} samples  {shown}"
         f"{samples_per_s:.0f} samples/s  eta {eta_s:.0f} s"
     )
 

@@ -110,9 +110,13 @@ class Task(abc.ABC):
         """A freshly initialised model, built from ``cfg`` and ``facts`` alone."""
 
     @abc.abstractmethod
-    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor:
-        """The training loss of ``batch``: a scalar, the mean over its samples. Runs under
-        autocast with ``--amp``: compute the loss itself in float32 (``logits.float()``)."""
+    def loss(self, model: nn.Module, batch: Batch) -> torch.Tensor | Sum:
+        """The training loss of ``batch``: a scalar, the mean over its samples; or a
+        ``Sum(total, count)`` where samples weigh unequally (a language model's tokens over
+        sequences of different lengths): the step's gradient is then that of every rank's
+        totals over every rank's counts, exact however micro-batches and ranks split the
+        step, and the epoch's ``train_loss`` is the mean per count. Runs under autocast
+        with ``--amp``: compute the loss itself in float32 (``logits.float()``)."""
 
     @abc.abstractmethod
     def metrics(self, model: nn.Module, batch: Batch) -> dict[str, Sum]:

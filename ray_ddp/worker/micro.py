@@ -111,6 +111,7 @@ def ordered_data(
         size, batch_size=cfg.optim.batch_size, global_batch=cfg.global_batch_size,
         seed=cfg.optim.seed,
         rank=rank, world_size=world_size, tag_epoch=random_samples,
+        lockstep=cfg.scaling.strategy == "fsdp2",  # FSDP2: every rank as many passes per step
     )  # fmt: skip
     workers = cfg.data.loader_workers or 0
     loader = DataLoader(
@@ -126,11 +127,11 @@ def ordered_data(
     return OrderedData(loader, order, size)
 
 
-def epoch_steps(data: OrderedData, epoch: int, sample: int, first_step: int) -> Iterator[Step]:
-    """The steps of ``epoch`` from ``sample`` of its order on, as this rank trains them
-    (``first_step``: the run's number of the first). The caller advances the run's
-    position after each (``Step`` has no say in it)."""
-    data.order.set_position(epoch, sample)
+def epoch_steps(data: OrderedData, first_step: int) -> Iterator[Step]:
+    """The steps of the epoch from where the caller put ``data.order``
+    (``set_position``), as this rank trains them (``first_step``: the run's number of the
+    first). The caller advances the run's position after each (``Step`` has no say)."""
+    epoch = data.order.plan.epoch
     batches = iter(data.loader)
     group: list[Micro] = []
     number = first_step

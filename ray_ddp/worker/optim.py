@@ -1,14 +1,18 @@
-"""Optimizer and learning-rate schedule (linear warm-up, then cosine, per optimizer step)."""
+"""Optimizer and learning-rate schedule (linear warm-up, then cosine, per optimizer step),
+and the :class:`Stepper`: the weighted backward and the optimizer step of both loops."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ray_ddp.config.sections import Optimisation
+from ray_ddp.task.interface import Sum
+from ray_ddp.worker.collectives import is_distributed
 
 
 def build_optimizer(optim: Optimisation, params: Iterable[Any]) -> torch.optim.Optimizer:
@@ -24,10 +28,7 @@ def build_optimizer(optim: Optimisation, params: Iterable[Any]) -> torch.optim.O
         group["lr"] = optim.lr * group.setdefault("lr_scale", 1.0)
     if optim.optimizer == "sgd":
         return torch.optim.SGD(
-            groups,
-            lr=optim.lr,
-            momentum=optim.momentum,
-            weight_decay=optim.weight_decay,
+            groups, lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay
         )
     return torch.optim.AdamW(groups, lr=optim.lr, weight_decay=optim.weight_decay)
 
@@ -59,28 +60,78 @@ def build_scheduler(
     )
 
 
-def optimizer_step(
-    optimizer: torch.optim.Optimizer,
-    scaler: torch.amp.GradScaler,
-    scheduler: torch.optim.lr_scheduler.LRScheduler,
-) -> bool:
-    """One optimizer step through the GradScaler; returns whether it was applied.
+class Stepper:
+    """The weighted backward of each micro-batch and the optimizer step after them: one
+    path for the built-in loop (``worker.step.StepCore``) and an own loop's verbs
+    (``worker.own_loop.Run``), for any number of optimizers under one GradScaler.
 
-    With fp16 the scaler skips a step whose gradients overflowed (and halves its scale):
-    that is normal while the scale settles, and the LR schedule must not advance for a
-    step the optimizer did not take. The scale is read before and after (one host sync,
-    which ``scaler.step`` already pays for fp16); without a scaler nothing is read."""
-    if not scaler.is_enabled():
-        optimizer.step()
-        scheduler.step()
-        return True
-    scale = scaler.get_scale()
-    scaler.step(optimizer)
-    scaler.update()
-    applied = scaler.get_scale() >= scale  # the scale only drops after a skipped step
-    if applied:
-        scheduler.step()
-    return applied
+    A micro-batch's loss is a mean over its samples, weighted by its ``share`` of the
+    step's samples (all ranks together; 0: a filler or a stand-in, which only joins the
+    all-reduce), or a ``Sum(total, count)``: the step's gradient is then the sum of every
+    rank's totals over the sum of every rank's counts (tokens, say), exact however the
+    micro-batches and ranks split them. DDP's all-reduce (FSDP2's reduce-scatter) averages
+    over the ranks: each rank's part is multiplied back by their number."""
+
+    def __init__(self, scaler: torch.amp.GradScaler, ranks: int, device: torch.device) -> None:
+        self.scaler, self.ranks, self.device = scaler, ranks, device
+        self.count: torch.Tensor | None = None
+        """This rank's counts of the ``Sum`` losses since the last step."""
+
+    def backward(self, loss: torch.Tensor | Sum, share: float) -> None:
+        if isinstance(loss, Sum):
+            total, count = loss
+            if not isinstance(total, torch.Tensor):
+                raise TypeError("a Sum's total is the loss tensor to differentiate, got "
+                                f"{type(total).__name__}")  # fmt: skip
+            kept = 1.0 if share > 0 else 0.0
+            count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * kept
+            self.count = count if self.count is None else self.count + count
+            scaled = total * (kept * self.ranks)
+        else:
+            scaled = loss * (share * self.ranks)
+        self.scaler.scale(scaled).backward()
+
+    def step(
+        self, optimizers: Sequence[torch.optim.Optimizer], schedules: Sequence[Any] = (),
+        clip: float = 0.0,
+    ) -> bool:  # fmt: skip
+        """Divide a ``Sum`` step's gradients by every rank's count; per optimizer, unscale
+        and clip the true gradients to norm ``clip`` (0: no clipping; under FSDP2 the norm
+        is over every rank's shards, a collective), step through the GradScaler; step the
+        ``schedules`` where the step was applied; zero the gradients. Returns whether it
+        was applied: with fp16 the scaler skips a step whose gradients overflowed (and
+        halves its scale), normal while the scale settles, and a schedule must not advance
+        for a step not taken. The scale is read before and after (one host sync, which
+        ``scaler.step`` already pays for fp16); without a scaler nothing is read."""
+        if self.count is not None:
+            self._divide_by_count(optimizers)
+        enabled = self.scaler.is_enabled()
+        scale = self.scaler.get_scale() if enabled else 1.0
+        for optimizer in optimizers:
+            if clip > 0:
+                self.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
+                params = [p for g in optimizer.param_groups for p in g["params"]]
+                torch.nn.utils.clip_grad_norm_(params, clip)
+            self.scaler.step(optimizer)
+        self.scaler.update()
+        applied = not enabled or self.scaler.get_scale() >= scale  # drops after a skip
+        if applied:
+            for schedule in schedules:
+                schedule.step()
+        for optimizer in optimizers:
+            optimizer.zero_grad(set_to_none=True)
+        return applied
+
+    def _divide_by_count(self, optimizers: Sequence[torch.optim.Optimizer]) -> None:
+        count, self.count = self.count.clone(), None  # type: ignore[union-attr]
+        if is_distributed():
+            dist.all_reduce(count)
+        factor = 1.0 / max(float(count), 1e-12)
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.grad.mul_(factor)
 
 
 def set_schedule_step(scheduler: torch.optim.lr_scheduler.LambdaLR, step: int) -> None:

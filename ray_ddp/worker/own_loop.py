@@ -13,30 +13,47 @@ step-level hooks (``worker.hooks``), the exact evaluation (``worker.evaluate``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, cast
 
 import torch
 
-from ray_ddp.checkpoint.format import CheckpointError, check_compatible, task_meta
+from ray_ddp.checkpoint.format import (
+    CheckpointError,
+    check_compatible,
+    check_strategy,
+    is_fsdp,
+    task_meta,
+)
 from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import step_range
 from ray_ddp.data.seeding import draw_seed, seed_initial_weights
+from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.task import Sum
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
+from ray_ddp.tracking.params import Settings, versions
 from ray_ddp.worker import hooks as hooked
-from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import is_distributed
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.micro import Micro, Step
-from ray_ddp.worker.own_parts import Evaluation, Stepper, StepSource, load_into, saved_states
+from ray_ddp.worker.optim import Stepper
+from ray_ddp.worker.own_parts import (
+    Evaluation,
+    StepSource,
+    load_into,
+    saved_states,
+    write_shards,
+)
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast, grad_scaler
-from ray_ddp.worker.preemption import PreemptionWatch
+from ray_ddp.worker.profile import StepProfiler
 from ray_ddp.worker.report import unscored
 from ray_ddp.worker.resume import find_restore_point
-from ray_ddp.worker.start import number_attempt, start_watchdog
-from ray_ddp.worker.step import Limits
+from ray_ddp.worker.run_tracking import RunTracking
+from ray_ddp.worker.sharding import bf16_policy, default_blocks, shard_model
+from ray_ddp.worker.start import number_attempt, safeguards
 from ray_ddp.worker.timing import StepTimer
 
 
@@ -47,36 +64,31 @@ class Run:
 
     def __init__(
         self, cfg: TrainConfig, worker: Worker, loop: Any, harness: Harness = rig.NONE,
-        notices: bool = True,
+        notices: bool = True, tracking: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.config, self.worker, self.loop = cfg, worker, loop
-        self.device = worker.device
+        self.device, self.amp = worker.device, cfg.optim.amp
         self.attempt = number_attempt(cfg, worker)
         self.restored = find_restore_point(cfg.checkpointing.resume_from, worker)
         self.meta = task_meta(cfg.target.task, {})
         self.position = self._restore_position()
-        self.watchdog = start_watchdog(cfg, worker, self.attempt)
-        mode = cfg.checkpointing.checkpoint_mode
-        self.checkpointer = Checkpointer(
-            mode, worker.log, rig.checkpoint_hook(harness, cfg.checkpointing.run_dir)
+        guards = safeguards(
+            cfg, worker, self.attempt, harness, notices, cfg.checkpointing.checkpoint_mode
         )
-        reclaims = PreemptionWatch(
-            cfg.reliability.preemption_check_steps if notices else 0, worker.log,
-            self.checkpointer.idle.wait,
-            lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
-        )  # fmt: skip
-        self.reclaims = reclaims
-        self.limits = Limits(cfg.optim.max_steps, cfg.checkpointing.checkpoint_every, reclaims)
+        self.watchdog, self.checkpointer = guards.watchdog, guards.checkpointer
+        self.reclaims, self.limits = guards.reclaims, guards.limits
         self.timer = StepTimer(who=f"rank {worker.rank}")
-        self.hooks = hooked.Hooks(
-            hooked.Watched(self.watchdog),
-            hooked.Faults(harness, cfg.checkpointing.run_dir, worker.rank),
-            hooked.Timed(self.timer),
-        )
+        self.tracker = self._tracker(tracking)
+        steps = step_range(cfg.logging.profile_steps)
+        self.profiler = (
+            StepProfiler(steps, cfg.checkpointing.run_dir, self.attempt.number, worker.rank,
+                         worker.device, worker.log) if steps else None
+        )  # fmt: skip
+        self.hooks = self._hooks(harness)
         self.scaler = grad_scaler(cfg.optim.amp, worker.device)
         if self.restored is not None:
             self.scaler.load_state_dict(self.restored.state.get("scaler", {}))
-        self.stepper = Stepper(self.scaler, cfg.optim.grad_clip, worker.world_size, worker.device)
+        self.stepper = Stepper(self.scaler, worker.world_size, worker.device)
         self.states: dict[str, Any] = {}
         self.models: list[torch.nn.Module] = []
         self.source = StepSource(self)
@@ -86,6 +98,42 @@ class Run:
         self.stopped = False
         self.reported_at: tuple[int, int] | None = None
         seed_initial_weights(cfg.optim.seed)  # the loop's models: the same weights on every rank
+
+    def _hooks(self, harness: Harness) -> hooked.Hooks:
+        """What watches every step, as in the built-in loop (``worker.hooks``)."""
+        cfg, worker = self.config, self.worker
+        guard = LossGuard(worker.device, worker.rank, check_every=cfg.logging.log_every_steps)
+        chain: list[hooked.StepHook] = [
+            hooked.WatchdogSteps(self.watchdog),
+            hooked.Faults(harness, cfg.checkpointing.run_dir, worker.rank),
+            hooked.Timing(self.timer),
+            hooked.Guard(guard),
+        ]
+        if worker.is_main and cfg.logging.progress_interval_s > 0:
+            chain.append(hooked.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
+        if self.tracker is not None:
+            chain.append(self.tracker.hook(cfg.logging.log_every_steps))
+        if self.profiler is not None:
+            self.profiler.begin(self.position.step)
+            chain.append(hooked.Profiled(self.profiler))
+        return hooked.Hooks(*chain)
+
+    def _tracker(self, tracking: dict[str, Any] | None) -> RunTracking | None:
+        """Rank 0's experiment tracker (``--tracking``), on the run's tracker run, with
+        the run's flags and world as params."""
+        if tracking is None or not self.worker.is_main:
+            return None
+        restored = self.restored
+        own = restored is not None and restored.own  # --resume-from's run is another's
+        kept = restored.state["progress"].get("tracking_run") if own else None  # type: ignore[union-attr]
+        settings = Settings.from_dict(tracking)
+        assert settings is not None  # tracking is on
+        tracker = RunTracking(settings, self.config.checkpointing.run_dir, self.worker,
+                              kept)  # fmt: skip
+        tracker.params({**self.config.to_dict(), "world_size": self.world_size,
+                        "global_batch_size": self.config.global_batch_size,
+                        "device": self.device.type, **versions()})  # fmt: skip
+        return tracker
 
     # ------------------------------------------------------------------ who and where
     @property
@@ -116,6 +164,7 @@ class Run:
                 "use a fresh --name"
             )
         check_compatible(restored.state, self.meta, restored.source)
+        check_strategy(restored.state, self.config.scaling.strategy, restored.source)
         position = Position.from_dict(restored.state["progress"])
         before = int(restored.state.get("world_size", 1))
         change = (f"; {before} -> {self.world_size} workers, the same global order"
@@ -129,14 +178,22 @@ class Run:
     # ------------------------------------------------------------------ the verbs
     def setup(self, *models: torch.nn.Module) -> Any:
         """Each model on this worker's device, wrapped in DDP with more than one worker
-        (``ray.train.torch.prepare_model``), compiled with ``--compile``; returned in
+        (``ray.train.torch.prepare_model``), or with ``--strategy fsdp2`` sharded by FSDP2
+        (its blocks, then itself: ``worker.sharding``; with ``--amp bf16`` its mixed
+        precision, where no autocast is needed), compiled with ``--compile``; returned in
         order (one model: itself). Build optimizers after, over the returned models."""
         import ray.train.torch
 
-        wrapped = []
+        cfg, wrapped = self.config, []
         for model in models:
-            prepared = ray.train.torch.prepare_model(model)
-            if self.config.target.compile:  # a Module (OptimizedModule): typed as a callable
+            if cfg.scaling.strategy == "fsdp2":
+                if bf16_policy(model, cfg.optim.amp):
+                    self.amp = "off"  # FSDP2 computes in bf16 itself
+                prepared = shard_model(model, default_blocks(model), cfg.optim.amp, self.device,
+                                       self.world_size)  # fmt: skip
+            else:
+                prepared = ray.train.torch.prepare_model(model)
+            if cfg.target.compile:  # a Module (OptimizedModule): typed as a callable
                 prepared = cast(torch.nn.Module, torch.compile(prepared))
             wrapped.append(prepared)
         self.models += wrapped
@@ -151,7 +208,7 @@ class Run:
                 raise ValueError(f"run.register: {name!r} is registered already")
             self.states[name] = obj
             if self.restored is not None:
-                load_into(obj, name, self.restored)
+                load_into(self, obj, name, self.restored)
 
     def epochs(self) -> Iterator[int]:
         """The epochs left (0-based), to ``--epochs`` or ``--max-steps`` or ``stop()``.
@@ -189,14 +246,15 @@ class Run:
             yield from step
 
     def autocast(self) -> Any:
-        """The forward's autocast (``--amp``; a no-op with ``off``)."""
-        return autocast(self.config.optim.amp, self.device)
+        """The forward's autocast (``--amp``; a no-op with ``off``, and under FSDP2's
+        bf16 mixed precision)."""
+        return autocast(self.amp, self.device)
 
     def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
         """The backward of ``micro``'s loss: a mean over its samples (weighted by its share
         of the step's samples), or a ``Sum(total, count)`` (the step's gradient is then
         the sum over every rank's totals divided by every rank's counts: tokens, say)."""
-        self.stepper.backward(loss, micro)
+        self.source.backward(loss, micro)
 
     def step(
         self, *optimizers: torch.optim.Optimizer, schedules: Iterable[Any] = (),
@@ -206,7 +264,10 @@ class Run:
         GradScaler, step ``schedules`` where the step was applied (an fp16 overflow skips
         it), zero the gradients. Returns whether it was applied."""
         clip = self.config.optim.grad_clip if clip is None else clip
-        return self.stepper.step(optimizers, tuple(schedules), clip)
+        self.source.updating()
+        applied = self.stepper.step(optimizers, tuple(schedules), clip)
+        self.source.lr = optimizers[0].param_groups[0]["lr"] if optimizers else 0.0
+        return applied
 
     def draws(self, micro: Micro, *shape: int, stream: int = 0) -> torch.Tensor:
         """Standard normal numbers, ``(len(micro.indices), *shape)`` on the device, each
@@ -241,12 +302,17 @@ class Run:
             values.update(unscored(score, self.loop.best_mode))
         self.watchdog.doing("report and checkpoint", slow=True)
         saved = saved_states(self) if checkpoint and self.is_main else None
+        sharded = self.config.scaling.strategy == "fsdp2"  # every rank writes its shards
         if checkpoint:
-            self.checkpointer.save(values, saved)
+            shards = functools.partial(write_shards, self) if sharded else None
+            self.checkpointer.save(values, saved, shards)
         else:
             import ray.train
 
             ray.train.report(values)
+        if self.tracker is not None:
+            last = position.epoch >= self.config.optim.epochs or self._done()
+            self.tracker.reported(position.step, values, last)
         self.watchdog.progress("report")
         self.reported_at = (position.epoch, position.step)
         if self.is_main:
@@ -264,10 +330,13 @@ class Run:
         return self.stopped or self.limits.done(self.position.step)
 
     def sync_models(self, closes_step: bool) -> None:
-        """Every set-up model's gradient all-reduce on (the step's last micro-batch) or off."""
+        """Every set-up model's gradient all-reduce (FSDP2's reduce-scatter) on, on the
+        step's last micro-batch, or off."""
         for model in self.models:
             inner = getattr(model, "_orig_mod", model)
-            if hasattr(inner, "require_backward_grad_sync"):
+            if is_fsdp(inner):
+                inner.set_requires_gradient_sync(closes_step)  # type: ignore[operator]
+            elif hasattr(inner, "require_backward_grad_sync"):
                 inner.require_backward_grad_sync = closes_step
 
     def summary(self) -> dict[str, Any]:
@@ -290,9 +359,18 @@ def own_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     worker = start_worker(
         cfg.scaling.cpus_per_worker, cfg.logging.log_prefix, cfg.logging.log_all_ranks
     )
-    run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True))
+    run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True),
+              config.get("tracking"))  # fmt: skip
+    ended: dict[str, Any] = {}
     try:
         config["task"].function(run)
-        return run.summary()
+        summary = run.summary()
     finally:
         run.watchdog.stop()
+        if run.profiler is not None:
+            run.profiler.close()
+            if run.profiler.result:
+                ended["profile"] = run.profiler.result
+        if run.tracker is not None:
+            ended["tracking"] = run.tracker.close()
+    return {**summary, **ended}

@@ -1,22 +1,30 @@
 """The parts under an own loop's verbs (``worker.own_loop.Run``) that are its alone so far:
-the steps of an epoch that advance the run's position (:class:`StepSource`), the weighted
-backward and the optimizer step (:class:`Stepper`), the exact evaluation of any dataset
-(:class:`Evaluation`), and the named states a checkpoint holds (:func:`saved_states`,
-:func:`load_into`). Each reads the run's position and config; none advances the position
-but :class:`StepSource`.
+the steps of an epoch that advance the run's position (:class:`StepSource`), the exact
+evaluation of any dataset (:class:`Evaluation`), and the named states a checkpoint holds
+(:func:`saved_states`, :func:`load_into`). Each reads the run's position and config;
+none advances the position but :class:`StepSource`.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch.utils.data import default_collate
 
-from ray_ddp.checkpoint.format import FORMAT_VERSION, CheckpointError, ResumeRefusedError, unwrap
+from ray_ddp.checkpoint.format import (
+    FORMAT_VERSION,
+    SHARDED,
+    SHARDS,
+    CheckpointError,
+    ResumeRefusedError,
+    is_fsdp,
+    is_sharded,
+    unwrap,
+)
 from ray_ddp.data.loaders import eval_loader
 from ray_ddp.data.order.continuation import order_change, order_record, split_fingerprint
 from ray_ddp.data.seeding import seed_micro_batch
@@ -26,6 +34,7 @@ from ray_ddp.task import Sum
 from ray_ddp.task.batches import first_tensor
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed
 from ray_ddp.worker.evaluate import evaluate
+from ray_ddp.worker.hooks import Pass, observed_loss
 from ray_ddp.worker.micro import Micro, OrderedData, Step, epoch_steps, ordered_data, step_end
 
 if TYPE_CHECKING:
@@ -44,6 +53,14 @@ class StepSource:
         self.samples_seen = 0
         self.train_seconds = 0.0
         self.first = True
+        self.now = Pass(None, 0)  # type: ignore[arg-type]
+        """The pass in progress, as the hooks see it."""
+        self.synced = self.updated = False
+        """Whether this step's all-reduce and update were told to the hooks."""
+        self.loss = torch.zeros(())
+        """The latest loss given to ``backward`` (what the step reports)."""
+        self.lr = 0.0
+        """The first optimizer's lr after the latest step."""
 
     def _data(self, dataset: Any, collate, random_samples: bool) -> OrderedData:
         run = self.run
@@ -74,19 +91,27 @@ class StepSource:
         if run._done():
             return
         data = self._data(dataset, collate, random_samples)
-        steps = epoch_steps(data, position.epoch, position.sample, position.step + 1)
+        data.order.set_position(position.epoch, position.sample)
+        self.now = now = Pass(data.order.plan, len(data.order.slots))
+        steps = epoch_steps(data, position.step + 1)
+        run.hooks.pass_started(now)
         while True:
-            run.hooks.fetching(position, self.first)
+            now.step = position.step + 1
+            run.hooks.fetching(now)
+            waited = time.perf_counter()
             step = next(steps, None)
+            run.hooks.fetched(now, time.perf_counter() - waited)
             if step is None:
+                run.hooks.pass_ended(now)
                 return
             step.prepare = self._prepare
-            run.hooks.stepping(position, self.first)
+            self.synced = self.updated = False
+            run.hooks.computing(step.micro[-1].slot, now)
             started = time.perf_counter()
             yield step
             self.train_seconds += time.perf_counter() - started
-            self.first = False
-            if self._after(step, data):
+            if self._after(step, data, now):
+                run.hooks.pass_ended(now)
                 return
 
     def _prepare(self, micro: Micro) -> None:
@@ -96,13 +121,34 @@ class StepSource:
         run.sync_models(micro.closes_step)
         seed_micro_batch(run.config.optim.seed, micro.step, micro.slot.micro, run.device)
 
-    def _after(self, step: Step, data: OrderedData) -> bool:
-        """The step is done: hooks, the position advanced, a due checkpoint. Whether the
+    def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
+        """``Run.backward``: the hooks see the loss (the guard, a test's fault), the step's
+        first backward of its last micro-batch is the all-reduce's (``syncing``)."""
+        run = self.run
+        seen, total, count = observed_loss(loss, micro.slot, micro.step, run.hooks)
+        if micro.closes_step and not self.synced:
+            run.hooks.syncing(micro.slot, distributed=is_distributed())
+            self.synced = True
+        run.stepper.backward(seen if count is None else Sum(total, count), micro.weight)
+        self.loss = seen.detach()
+
+    def updating(self) -> None:
+        """Before the step's first optimizer step (a test's stall lands here)."""
+        if not self.updated:
+            self.run.hooks.updating(self.now)
+            self.updated = True
+
+    def _after(self, step: Step, data: OrderedData, now: Pass) -> bool:
+        """The step is done: the position advanced, hooks, a due checkpoint. Whether the
         epoch's steps end here."""
         run, position = self.run, self.run.position
         self.samples_seen += step.samples
-        run.hooks.ended(step.number, step.samples)
+        now.seen, now.trained = now.seen + step.samples, now.trained + step.samples
+        now.index += len(step)
         position.advance(step_end(data, step.micro[-1].slot))
+        run.hooks.stepped(now, self.loss, self.lr)
+        run.hooks.trained(step.micro[-1].slot, now)
+        self.first = False
         if position.sample >= data.size:
             position.end_epoch()
             return True
@@ -113,60 +159,6 @@ class StepSource:
             run.report({})
             run.reclaims.after_checkpoint(position.step)
         return False
-
-
-class Stepper:
-    """The backward of each micro-batch and the optimizer steps, for any number of
-    optimizers (one GradScaler for all)."""
-
-    def __init__(self, scaler: torch.amp.GradScaler, clip: float, ranks: int,
-                 device: torch.device) -> None:  # fmt: skip
-        self.scaler, self.clip, self.ranks, self.device = scaler, clip, ranks, device
-        self.count: torch.Tensor | None = None
-        """The counts of the ``Sum`` losses since the last step (this rank's)."""
-
-    def backward(self, loss: torch.Tensor | Sum, micro: Micro) -> None:
-        # DDP's all-reduce averages over the ranks: each rank's part is multiplied back.
-        if isinstance(loss, Sum):
-            total, count = loss
-            if not isinstance(total, torch.Tensor):
-                raise TypeError("run.backward(Sum(total, count)): total is the loss tensor to "
-                                f"differentiate, got {type(total).__name__}")  # fmt: skip
-            kept = 0.0 if micro.filler else 1.0
-            count = torch.as_tensor(count, dtype=torch.float64, device=self.device) * kept
-            self.count = count if self.count is None else self.count + count
-            scaled = total * (kept * self.ranks)
-        else:
-            scaled = loss * (micro.weight * self.ranks)
-        self.scaler.scale(scaled).backward()
-
-    def step(self, optimizers, schedules: tuple, clip: float) -> bool:
-        params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
-        if self.count is not None:  # a Sum's step: divide by every rank's count
-            count = self.count.clone()
-            if is_distributed():
-                dist.all_reduce(count)
-            self.count = None
-            factor = 1.0 / max(float(count), 1e-12)
-            for p in params:
-                if p.grad is not None:
-                    p.grad.mul_(factor)
-        enabled = self.scaler.is_enabled()
-        scale = self.scaler.get_scale() if enabled else 1.0
-        for optimizer in optimizers:
-            if clip > 0:
-                self.scaler.unscale_(optimizer)  # clip the true gradients, not scaled ones
-                mine = [p for g in optimizer.param_groups for p in g["params"]]
-                torch.nn.utils.clip_grad_norm_(mine, clip)
-            self.scaler.step(optimizer)
-        self.scaler.update()
-        applied = not enabled or self.scaler.get_scale() >= scale
-        if applied:
-            for schedule in schedules:
-                schedule.step()
-        for optimizer in optimizers:
-            optimizer.zero_grad(set_to_none=True)
-        return applied
 
 
 class _Measured:
@@ -213,25 +205,98 @@ def _state_of(obj: Any) -> Any:
 
 def saved_states(run: Run) -> dict[str, Any]:
     """What rank 0's checkpoint holds (``state.pt``): every registered state by name, the
-    GradScaler's, the position and the order it counts in, the config and world size."""
+    GradScaler's, the position and the order it counts in, the config and world size.
+    Under FSDP2 the registered states are every rank's shards instead (:func:`write_shards`;
+    ``"sharded": "dcp"`` says so)."""
     record = getattr(run.source, "record", None)
+    sharded = run.config.scaling.strategy == "fsdp2"
     return {
         "format_version": FORMAT_VERSION,
         "loop": "own",
-        "states": {name: _state_of(obj) for name, obj in run.states.items()},
+        "states": {} if sharded else {name: _state_of(obj) for name, obj in run.states.items()},
+        **({"sharded": SHARDED, "sharded_states": list(run.states)} if sharded else {}),
         "scaler": run.scaler.state_dict(),
-        "progress": {**run.position.to_dict(), "order": record},
+        "progress": {
+            **run.position.to_dict(),
+            "order": record,
+            "tracking_run": run.tracker.run_id if run.tracker else None,
+        },  # fmt: skip
         "config": run.config.to_dict(),
         "task_meta": run.meta,
         "world_size": run.world_size,
     }
 
 
-def load_into(obj: Any, name: str, restored: Restored) -> None:
-    """Registered state ``name`` loaded from the restore point into ``obj``."""
-    saved = restored.state["states"]
-    if name not in saved:
-        held = ", ".join(sorted(saved)) or "nothing"
-        raise CheckpointError(f"{restored.source} holds no state {name!r} (it holds {held})")
+def load_into(run: Run, obj: Any, name: str, restored: Restored) -> None:
+    """Registered state ``name`` loaded from the restore point into ``obj`` (from its
+    shards, every rank its part, where the checkpoint is sharded: a collective)."""
+    saved = restored.state
+    held = saved["states"].keys() | set(saved.get("sharded_states", ()))
+    if name not in held:
+        listed = ", ".join(sorted(held)) or "nothing"
+        raise CheckpointError(f"{restored.source} holds no state {name!r} (it holds {listed})")
+    if is_sharded(saved):
+        import torch.distributed.checkpoint as dcp
+
+        wanted = {name: _sharded_state(run, obj)}
+        dcp.load(wanted, checkpoint_id=os.path.join(restored.directory, SHARDS))  # type: ignore[arg-type]
+        _load_sharded(run, obj, wanted[name])
+        return
     target = unwrap(obj) if isinstance(obj, torch.nn.Module) else obj
-    target.load_state_dict(saved[name])
+    target.load_state_dict(saved["states"][name])
+
+
+def write_shards(run: Run, directory: str) -> None:
+    """``--strategy fsdp2``: every registered state's part on this rank into
+    ``directory/shards`` (DCP, a collective: whatever the world size that reads them
+    back): a sharded model's and its optimizer's shards, and every other state (an EMA
+    whose tensors are shards too, a schedule) whole."""
+    import torch.distributed.checkpoint as dcp
+
+    for model in run.models:  # BatchNorm statistics: rank 0's, as DDP saves them
+        broadcast_buffers(unwrap(model))
+    states = {name: _sharded_state(run, obj) for name, obj in run.states.items()}
+    dcp.save(states, checkpoint_id=os.path.join(directory, SHARDS))
+
+
+def _optimized_model(run: Run, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+    """The set-up FSDP2 model whose parameters ``optimizer`` updates (None: none)."""
+    first = next((p for g in optimizer.param_groups for p in g["params"]), None)
+    for model in run.models:
+        inner = unwrap(model)
+        if is_fsdp(inner) and any(p is first for p in inner.parameters()):
+            return inner
+    return None
+
+
+def _sharded_state(run: Run, obj: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import (
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
+
+    if isinstance(obj, torch.nn.Module) and is_fsdp(unwrap(obj)):
+        return get_model_state_dict(unwrap(obj))
+    if isinstance(obj, torch.optim.Optimizer):
+        model = _optimized_model(run, obj)
+        if model is not None:
+            return get_optimizer_state_dict(model, obj)
+    return _state_of(obj)
+
+
+def _load_sharded(run: Run, obj: Any, state: Any) -> None:
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
+    if isinstance(obj, torch.nn.Module) and is_fsdp(unwrap(obj)):
+        set_model_state_dict(unwrap(obj), state)
+        return
+    if isinstance(obj, torch.optim.Optimizer):
+        model = _optimized_model(run, obj)
+        if model is not None:
+            set_optimizer_state_dict(model, obj, state)
+            return
+    target = unwrap(obj) if isinstance(obj, torch.nn.Module) else obj
+    target.load_state_dict(state)

@@ -19,7 +19,6 @@ from ray_ddp.worker.collectives import all_gather, broadcast_buffers
 from ray_ddp.worker.identity import Worker, peak_memory
 from ray_ddp.worker.sharding import save_shards
 from ray_ddp.worker.state import EpochSums, TrainState
-from ray_ddp.worker.step import EpochPosition
 
 UNSCORED = -sys.float_info.max
 """The score of a mid-epoch checkpoint where higher is better (negated where lower is)."""
@@ -30,27 +29,24 @@ def write_mid_epoch_checkpoint(
     worker: Worker,
     state: TrainState,
     meta: dict[str, Any],
-    position: EpochPosition,
     sums: EpochSums,
     score: tuple[str, str],
     checkpointer: Checkpointer,
 ) -> None:
     """A checkpoint inside the epoch (``--checkpoint-every``): no validation. ``score`` is
     the (metric, mode) that ranks checkpoints."""
-    progress = state.progress
-    progress.sample = position.sample
+    progress = state.progress  # the position the pass stopped at
     metrics = {
         "epoch": progress.epoch,
         "step": progress.step,
-        "sample": position.sample,
+        "sample": progress.sample,
         "mid_epoch": True,
         **unscored(*score),
         "lr": state.lr,
     }
     checkpoint_and_report(config, worker, state, meta, metrics, sums, checkpointer)
-    progress.sample = 0
     worker.log(
-        f"checkpoint: step {progress.step} (epoch {position.epoch + 1}, sample {position.sample})"
+        f"checkpoint: step {progress.step} (epoch {progress.epoch + 1}, sample {progress.sample})"
     )
 
 

@@ -29,6 +29,8 @@ class EpochTrained:
     """All ranks: sum of per-sample losses over the whole epoch."""
     samples: int
     """All ranks: samples of the whole epoch (a resumed epoch's first part included)."""
+    count: float
+    """All ranks: what ``loss_sum`` is over (the samples, or a ``Sum`` loss's counts)."""
     all_trained: int
     """All ranks: samples trained by this attempt (for speed)."""
     own_trained: int
@@ -38,8 +40,6 @@ class EpochTrained:
     seconds: float
     own: EpochSums
     """This rank's sums over the epoch so far (what a checkpoint of a partial epoch keeps)."""
-    end_sample: int
-    """Samples of the epoch's order done: all of them, or fewer where ``--max-steps`` hit."""
     ledger: list[tuple[int, int]] | None
     """This rank's ``(step, index)`` of the whole epoch (a test's sample ledger,
     ``ray_ddp.testing.Harness.sample_ledger``), or None."""
@@ -117,7 +117,7 @@ def epoch_metrics(
     metrics: dict[str, Any] = {
         "epoch": epoch,
         "step": state.progress.step,
-        "train_loss": trained.loss_sum / max(1.0, trained.samples),
+        "train_loss": trained.loss_sum / max(1.0, trained.count),
         **{f"val_{k}": v for k, v in task.summarize(evaluated.means).items()},
         "evaluated_samples": evaluated.samples,
         "lr": state.lr,

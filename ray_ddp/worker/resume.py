@@ -203,7 +203,9 @@ def _partial_sums(saved: dict[str, Any], worker: Worker, ledger: bool) -> EpochS
         return EpochSums()
     parts = saved.get("epoch_partial", [])
     rows = [tuple(row) for row in saved.get("ledger", [])] if ledger else None
-    return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), rows)
+    # [loss sum, samples, count]; before the count, it was the samples
+    count = sum(float(p[2] if len(p) > 2 else p[1]) for p in parts)
+    return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), rows, count)
 
 
 def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> list[str]:
@@ -286,7 +288,7 @@ def continue_epoch(
             f"with --restart-epoch to start epoch {progress.epoch + 1} over"
         )
     version = saved_version(saved)
-    if version != record["version"] and not record["streamed"]:  # streamed: the same
+    if version != record["version"]:
         data.train_order.finish_in(progress.epoch, version)
         worker.log(
             f"epoch {progress.epoch + 1} is finished in the order its checkpoint counted in "

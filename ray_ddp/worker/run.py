@@ -13,7 +13,7 @@ group (NCCL with GPUs, gloo without) and pinned the worker to its device. A
   :meth:`end_epoch` (unreadable samples, metrics, the checkpoint, the epoch's lines).
 
 Rank 0 alone logs and attaches checkpoints; every rank calls ``ray.train.report`` (a
-barrier). What happens around each step attaches as observers (``observers``).
+barrier). What happens around each step attaches as step-level hooks (``hooks``).
 """
 
 from __future__ import annotations
@@ -35,19 +35,15 @@ from ray_ddp.reliability.hangs.watchdog import NullWatchdog, watched
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.reliability.retry_policy import note_step
 from ray_ddp.task import Task
-from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
 from ray_ddp.tracking.params import Settings
-from ray_ddp.tracking.tracker import Tracker, epoch_values, read_run_id
-from ray_ddp.worker import observers as seen
-from ray_ddp.worker.checkpointer import Checkpointer
+from ray_ddp.worker import hooks as hooked
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed, sum_over_ranks
 from ray_ddp.worker.comm_stats import attach_counter
 from ray_ddp.worker.data import build_worker_data
 from ray_ddp.worker.evaluate import EvalResult, evaluate
 from ray_ddp.worker.identity import Worker, rank_rows, start_worker
 from ray_ddp.worker.memory_format import use_channels_last
-from ray_ddp.worker.preemption import PreemptionWatch
 from ray_ddp.worker.profile import StepProfiler
 from ray_ddp.worker.report import checkpoint_and_report, write_mid_epoch_checkpoint
 from ray_ddp.worker.results import (
@@ -60,6 +56,7 @@ from ray_ddp.worker.results import (
     write_ledger,
 )
 from ray_ddp.worker.resume import continue_epoch, find_restore_point, restore_training
+from ray_ddp.worker.run_tracking import RunTracking
 from ray_ddp.worker.sharding import bf16_policy
 from ray_ddp.worker.start import (
     announce,
@@ -67,11 +64,11 @@ from ray_ddp.worker.start import (
     count_flops,
     example_batch,
     number_attempt,
-    start_watchdog,
+    safeguards,
     tracker_params,
     wrap_model,
 )
-from ray_ddp.worker.step import EpochPosition, Limits, StepCore, train_segment
+from ray_ddp.worker.step import StepCore, train_segment
 from ray_ddp.worker.timing import StepTimer
 from ray_ddp.worker.unreadable import EpochSkips, rewind, settle
 
@@ -106,22 +103,14 @@ class WorkerRun:
         mark("model built", self.me)
         self.restored = find_restore_point(cfg.checkpointing.resume_from, worker)
         # From here on a rank that stops making progress is found (--hang-timeout).
-        self.watchdog = start_watchdog(cfg, worker, self.attempt)
         # Sharded checkpoints (--strategy fsdp2) are written by every rank, synchronously.
         mode = "sync" if cfg.scaling.strategy == "fsdp2" else cfg.checkpointing.checkpoint_mode
-        self.writer = Checkpointer(
-            mode, worker.log, rig.checkpoint_hook(harness, cfg.checkpointing.run_dir)
-        )
-        # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
-        self.reclaims = reclaims = PreemptionWatch(
-            cfg.reliability.preemption_check_steps if notices else 0, worker.log,
-            self.writer.idle.wait,
-            lambda: self.watchdog.doing("holding for a reclaimed node to go", slow=True),
-        )  # fmt: skip
-        self.limits = Limits(cfg.optim.max_steps, cfg.checkpointing.checkpoint_every, reclaims)
+        guards = safeguards(cfg, worker, self.attempt, harness, notices, mode)
+        self.watchdog, self.writer = guards.watchdog, guards.checkpointer
+        self.reclaims, self.limits = guards.reclaims, guards.limits
         self.logs: RunLogs | None = None
-        self.tracking = Settings.from_dict(tracking) if worker.is_main else None
-        self.tracker: Tracker | None = None
+        self.tracking = Settings.from_dict(tracking) if worker.is_main and tracking else None
+        self.tracker: RunTracking | None = None
         steps = step_range(cfg.logging.profile_steps)
         self.profiler = (
             StepProfiler(steps, cfg.checkpointing.run_dir, self.attempt.number, worker.rank,
@@ -142,7 +131,7 @@ class WorkerRun:
 
     def _waiting(self, first: bool) -> None:
         """Before each step's batches come from a Ray Data stream."""
-        self.watchdog.doing(seen.WAITING_FOR_DATA, slow=first)
+        self.watchdog.doing(hooked.WAITING_FOR_DATA, slow=first)
 
     # ---------------------------------------------------------------------- restore
     def restore(self) -> None:
@@ -181,7 +170,7 @@ class WorkerRun:
         mark("model wrapped, state restored", self.me)
         self.ranks = rank_rows(worker)
         announce(cfg, worker, self.task, self.facts, self.data, self.ranks)
-        self._attach_observers()
+        self._attach_hooks()
         if self.tracker is not None:
             self.tracker.params(tracker_params(cfg, worker, self.task, self.data))
         mark("rank table, logs", self.me)
@@ -193,44 +182,37 @@ class WorkerRun:
         self.so_far = RunSoFar(flops=flops)
         mark("FLOPs counted", self.me)
 
-    def _attach_observers(self) -> None:
-        """What watches every step (``observers``), for the attempt; rank 0's run logs."""
+    def _attach_hooks(self) -> None:
+        """What watches every step (``hooks``), for the attempt; rank 0's run logs."""
         cfg, worker = self.cfg, self.worker
         self.timer = StepTimer(who=self.me)
-        self.timing = seen.Timing(self.timer)
-        self.skips = seen.Skips(SkipLog())
-        chain: list[seen.StepObserver] = [
-            seen.WatchdogSteps(self.watchdog),
-            seen.Faults(self.harness, cfg.checkpointing.run_dir, worker.rank),
+        self.timing = hooked.Timing(self.timer)
+        self.skips = hooked.Skips(SkipLog())
+        chain: list[hooked.StepHook] = [
+            hooked.WatchdogSteps(self.watchdog),
+            hooked.Faults(self.harness, cfg.checkpointing.run_dir, worker.rank),
             self.timing,
-            seen.Guard(
+            hooked.Guard(
                 LossGuard(worker.device, worker.rank, check_every=cfg.logging.log_every_steps)
             ),
             self.skips,
-            seen.Ledger(),
+            hooked.Ledger(),
         ]
         if worker.is_main:
             from ray_ddp.io.run_logs import RunLogs  # tensorboardX: rank 0's alone
 
             self.logs = logs = RunLogs(cfg.checkpointing.run_dir, cfg.logging.tensorboard)
-            chain.append(seen.StepLogs(logs, cfg.logging.log_every_steps))
+            chain.append(hooked.StepLogs(logs, cfg.logging.log_every_steps))
             if cfg.logging.progress_interval_s > 0:
-                chain.append(seen.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
+                chain.append(hooked.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
             if self.tracking is not None:
-                self.tracker = Tracker(self.tracking, self._tracker_run(), worker.log,
-                                       since_ms=self.state.progress.tracked_since)  # fmt: skip
-                chain.append(seen.Tracked(self.tracker, cfg.logging.log_every_steps))
+                done = self.state.progress  # --resume-from's tracker run: cleared (restore)
+                self.tracker = RunTracking(self.tracking, cfg.checkpointing.run_dir, worker,
+                                           done.tracking_run, done.tracked_since)  # fmt: skip
+                chain.append(self.tracker.hook(cfg.logging.log_every_steps))
         if self.profiler is not None:
-            chain.append(seen.Profiled(self.profiler))
-        self.observer = seen.Observers(*chain)
-
-    def _tracker_run(self) -> str | None:
-        """The tracker run this run continues: the one kept in the run's folder, else in
-        its own checkpoint (``--resume-from``'s belongs to another run); None: a new one."""
-        assert self.tracking is not None  # rank 0's, tracking on
-        kept = read_run_id(self.cfg.checkpointing.run_dir, self.tracking.kind)
-        own = self.restored is not None and self.restored.own
-        return kept or (self.state.progress.tracking_run if own else None)
+            chain.append(hooked.Profiled(self.profiler))
+        self.hooks = hooked.Hooks(*chain)
 
     # ---------------------------------------------------------------------- train
     def train(self) -> dict[str, Any]:
@@ -280,8 +262,7 @@ class WorkerRun:
         """Epoch ``progress.epoch`` from ``progress.sample`` on, in passes that stop for a
         checkpoint every ``--checkpoint-every`` optimizer steps."""
         cfg, state, data, worker = self.cfg, self.state, self.data, self.worker
-        position = EpochPosition(state.progress.epoch, state.progress.sample)
-        state.progress.sample = 0
+        position = state.progress  # the run's position: the pass advances it
         sums, started, trained, skipped = self.partial, time.perf_counter(), 0, 0
         while True:
             # A new, reproducible order every epoch, from where a checkpoint left it.
@@ -293,7 +274,7 @@ class WorkerRun:
                 }
             with explain_oom(cfg, worker, "training"):
                 segment = train_segment(self.core, data.train_order, data.train_loader, sums,
-                                        self.observer, self.limits)  # fmt: skip
+                                        self.hooks, self.limits)  # fmt: skip
             sums, trained, skipped = (
                 segment.sums,
                 trained + segment.samples,
@@ -301,24 +282,22 @@ class WorkerRun:
             )
             if not segment.checkpoint_due:
                 break
-            position = segment.end
-            self.checkpoint_inside_epoch(position, sums)
+            self.checkpoint_inside_epoch(sums)
             self.reclaims.after_checkpoint(state.progress.step)
         seconds = time.perf_counter() - started
         self.watchdog.doing("epoch end: all-reduce of the epoch's sums", collective=True)
         local: dict[str, float | torch.Tensor] = {
-            "loss_sum": sums.loss_sum,
-            "samples": sums.samples,
-            "trained": trained,
-        }
+            "loss_sum": sums.loss_sum, "samples": sums.samples, "trained": trained,
+            "count": sums.count,
+        }  # fmt: skip
         totals = sum_over_ranks(local, worker.device)
         return EpochTrained(
-            loss_sum=totals["loss_sum"], samples=int(totals["samples"]),
+            loss_sum=totals["loss_sum"], samples=int(totals["samples"]), count=totals["count"],
             all_trained=int(totals["trained"]), own_trained=trained, skipped=skipped,
-            seconds=seconds, own=sums, end_sample=segment.end.sample, ledger=sums.ledger,
+            seconds=seconds, own=sums, ledger=sums.ledger,
         )  # fmt: skip
 
-    def checkpoint_inside_epoch(self, position: EpochPosition, sums: Any) -> None:
+    def checkpoint_inside_epoch(self, sums: Any) -> None:
         """A ``--checkpoint-every`` checkpoint: the epoch's unreadable samples so far named
         first (before a crash can lose them), no validation."""
         self.watchdog.doing("checkpoint inside the epoch", slow=True)
@@ -328,8 +307,8 @@ class WorkerRun:
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         score = (f"val_{self.task.best_metric}", self.task.best_mode)
         self._keep_tracker_run()
-        write_mid_epoch_checkpoint(self.cfg.to_dict(), self.worker, self.state, self.meta, position,
-                                   sums, score, self.writer)  # fmt: skip
+        write_mid_epoch_checkpoint(self.cfg.to_dict(), self.worker, self.state, self.meta, sums,
+                                   score, self.writer)  # fmt: skip
         self.watchdog.progress(f"checkpoint at step {self.state.progress.step}")
 
     def validate(self) -> EvalResult:
@@ -357,10 +336,9 @@ class WorkerRun:
         skips = self.count_unreadable(epoch, evaluated)
         # A --max-steps stop inside the epoch is saved as that position, so a re-run with
         # more steps trains the rest of the epoch instead of skipping it.
-        finished = trained.end_sample >= data.train_size
-        progress.epoch, progress.sample = (
-            (epoch + 1, 0) if finished else (epoch, trained.end_sample)
-        )
+        finished = progress.sample >= data.train_size
+        if finished:
+            progress.end_epoch()
         progress.bad_samples = 0 if finished else skips.train
         progress.bad_sample_rows = (progress.bad_sample_rows or 0) + skips.written
         if finished and self.harness.sample_ledger:
@@ -399,21 +377,15 @@ class WorkerRun:
         return skips
 
     def _track_epoch(self, metrics: dict[str, Any]) -> None:
-        """The epoch's metrics to the tracker, sent at once; after the run's last epoch,
-        waited for (5 s at most): a Tune trial ends at its last report, its process with it."""
-        if self.tracker is None:
-            return
-        progress = self.state.progress
-        self.tracker.metrics(progress.step, epoch_values(metrics))
-        last = progress.epoch >= self.cfg.optim.epochs or self.limits.done(progress.step)
-        if last:
-            self.tracker.sender.drain(5.0)
-        else:
-            self.tracker.sender.flush()
+        """The epoch's metrics to the tracker (``worker.run_tracking``)."""
+        if self.tracker is not None:
+            progress = self.state.progress
+            last = progress.epoch >= self.cfg.optim.epochs or self.limits.done(progress.step)
+            self.tracker.reported(progress.step, metrics, last)
 
     def _keep_tracker_run(self) -> None:
         """The tracker's run id into the next checkpoint, once the tracker has one."""
-        if self.tracker is not None and self.tracker.ready:
+        if self.tracker is not None and self.tracker.run_id is not None:
             self.state.progress.tracking_run = self.tracker.run_id
 
     def close(self) -> None:
@@ -427,8 +399,7 @@ class WorkerRun:
             if self.profiler.result:
                 self.ended["profile"] = self.profiler.result
         if self.tracker is not None:
-            self.ended["tracking"] = {**self.tracker.close(), "warned": self.tracker.sender.warned}
-            self.worker.log(self.tracker.sender.line())  # what did not reach it, exactly
+            self.ended["tracking"] = self.tracker.close()
             self.tracker = None
 
     def stop_watching(self) -> None:

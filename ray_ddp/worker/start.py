@@ -23,14 +23,19 @@ from ray_ddp.reliability.hangs.dump import HangSite, handle_hang
 from ray_ddp.reliability.hangs.report import hang_folder
 from ray_ddp.reliability.hangs.watchdog import NullWatchdog, Watchdog
 from ray_ddp.task import Task, map_tensors
+from ray_ddp.testing import harness as rig
+from ray_ddp.testing.harness import Harness
+from ray_ddp.worker.checkpointer import Checkpointer
 from ray_ddp.worker.collectives import all_gather
 from ray_ddp.worker.data import WorkerData
 from ray_ddp.worker.flops import FlopRate, count_training_flops, flops_line, run_peak
 from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.optim import build_optimizer, build_scheduler
 from ray_ddp.worker.precision import grad_scaler
+from ray_ddp.worker.preemption import PreemptionWatch
 from ray_ddp.worker.sharding import bf16_policy, shard_model, task_blocks
 from ray_ddp.worker.state import TrainState
+from ray_ddp.worker.step import Limits
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,38 @@ def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> Watchd
         grace_s=cfg.reliability.hang_grace,
         peer_check=site.peer_found_hang,
     ).start()
+
+
+@dataclass
+class Safeguards:
+    """What guards a run, whichever loop runs it: the rank's hang watchdog, the one
+    checkpointer, the watch for a spot reclaim's notice, and where a pass stops
+    (``--max-steps``, a checkpoint due)."""
+
+    watchdog: Watchdog | NullWatchdog
+    checkpointer: Checkpointer
+    reclaims: PreemptionWatch
+    limits: Limits
+
+
+def safeguards(
+    cfg: TrainConfig, worker: Worker, attempt: Attempt, harness: Harness, notices: bool,
+    mode: str,
+) -> Safeguards:  # fmt: skip
+    """The run's :class:`Safeguards`, the watchdog started; ``mode``: the checkpointer's
+    (``sync``, ``async``); ``notices``: whether Ray watches the nodes for reclaims."""
+    watchdog = start_watchdog(cfg, worker, attempt)
+    checkpointer = Checkpointer(
+        mode, worker.log, rig.checkpoint_hook(harness, cfg.checkpointing.run_dir)
+    )
+    # Asked only where Ray watches for reclaims (not a local run): each ask is a barrier.
+    reclaims = PreemptionWatch(
+        cfg.reliability.preemption_check_steps if notices else 0, worker.log,
+        checkpointer.idle.wait,
+        lambda: watchdog.doing("holding for a reclaimed node to go", slow=True),
+    )  # fmt: skip
+    limits = Limits(cfg.optim.max_steps, cfg.checkpointing.checkpoint_every, reclaims)
+    return Safeguards(watchdog, checkpointer, reclaims, limits)
 
 
 def wrap_model(

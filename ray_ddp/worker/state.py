@@ -6,19 +6,18 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ray_ddp.worker.position import Position
+
 
 @dataclass
-class TrainProgress:
-    """Where training stands; what a resumed run continues from."""
+class TrainProgress(Position):
+    """Where training stands; what a resumed run continues from: the run's
+    :class:`~ray_ddp.worker.position.Position` (epochs done, optimizer steps taken, samples
+    of the epoch's order trained: 0 at an epoch boundary, more inside an epoch, as at a
+    ``--checkpoint-every`` checkpoint or a ``--max-steps`` stop; a resumed run, at any world
+    size, starts the epoch there), advanced by the pass alone (``worker.step``), and what
+    else a checkpoint carries of the run."""
 
-    epoch: int = 0
-    """Epochs completed."""
-    sample: int = 0
-    """Samples of the next epoch's order already trained (``ray_ddp.data.order.global_order``): 0 at
-    an epoch boundary, more in a mid-epoch checkpoint (``--checkpoint-every``) or a
-    ``--max-steps`` stop; a resumed run, at any world size, starts the epoch there."""
-    step: int = 0
-    """Optimizer steps taken."""
     best_score: float | None = None
     """The best ``val_<best_metric>`` so far (None before the first validation)."""
     order: dict | None = None
@@ -52,11 +51,13 @@ class EpochSums:
     rank's, so the resumed epoch reports the same training loss at any world size)."""
 
     loss_sum: float = 0.0
-    """Sum of per-sample training losses."""
+    """Sum of per-sample training losses (of a ``Sum`` loss's totals)."""
     samples: int = 0
     ledger: list[tuple[int, int]] | None = None
     """``(optimizer step, sample index)`` of every sample trained, where a
     test's harness asks for the sample ledger (``ray_ddp.testing``); None otherwise."""
+    count: float = 0.0
+    """What ``loss_sum`` is over: the samples, or a ``Sum`` loss's counts (tokens, say)."""
 
 
 @dataclass

@@ -10,9 +10,10 @@ micro-batch of the step; then clipping the true
 position to the epoch's end, or to a step boundary where a checkpoint is due or
 ``--max-steps`` is reached (the caller checkpoints and calls again). Everything else that
 happens around a step (the hang watchdog, timing, the loss guard, the ledger, unreadable
-samples, TensorBoard, progress lines, a test's faults) is an observer it notifies
-(``ray_ddp.worker.observers``). No Ray here: the GPU path check runs it on machines without
-Ray; the process group, if any, is torch.distributed's.
+samples, TensorBoard, progress lines, a test's faults) is a step-level hook it calls
+(``ray_ddp.worker.hooks``, which an own loop's steps call too). No Ray here: the GPU
+path check runs it on machines without Ray; the process group, if any, is
+torch.distributed's.
 """
 
 from __future__ import annotations
@@ -22,33 +23,23 @@ import functools
 import time
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ray_ddp.checkpoint.format import is_fsdp
-from ray_ddp.data.order.global_order import EpochPlan, GlobalOrderBatches, Slot
+from ray_ddp.data.order.global_order import GlobalOrderBatches, Slot
 from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import BadSamplesError, take_skipped
-from ray_ddp.task import Task, map_tensors
+from ray_ddp.task import Sum, Task, map_tensors
 from ray_ddp.worker.collectives import world_size
-from ray_ddp.worker.optim import optimizer_step
+from ray_ddp.worker.hooks import Pass, StepHook, observed_loss
+from ray_ddp.worker.optim import Stepper
+from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast
 from ray_ddp.worker.sharding import no_gradient_sync
 from ray_ddp.worker.state import EpochSums, TrainState
-
-if TYPE_CHECKING:
-    from ray_ddp.worker.observers import StepObserver
-
-
-@dataclass(frozen=True)
-class EpochPosition:
-    """Sample ``sample`` of epoch ``epoch``'s global order (both 0-based): how far into
-    the epoch training is, the same at every world size (``ray_ddp.data.order``)."""
-
-    epoch: int
-    sample: int
 
 
 @dataclass
@@ -79,14 +70,13 @@ class StepCore:
         )
         if is_fsdp(self.state.model):  # FSDP2's own switch, the same idea
             self.no_sync = functools.partial(no_gradient_sync, self.state.model)
-        # DDP's all-reduce and FSDP2's reduce-scatter average the ranks' gradients: each
-        # weighs by its share.
-        self.ranks = world_size()
+        self.stepper = Stepper(self.state.scaler, world_size(), self.device)
 
-    def backward(self, batch, slot: Slot, weight: float, step: int, observer: StepObserver):
+    def backward(self, batch, slot: Slot, share: float, step: int, hooks: StepHook):
         """Forward and backward of one micro-batch of optimizer step ``step`` (counted over
-        the run), its loss weighted by ``weight`` (see ``train_segment``); returns the loss
-        (the mean over its samples)."""
+        the run), its loss weighted by ``share`` (see ``train_segment``); returns
+        ``(loss, total, count)``: the loss as one number (the mean over its samples, or a
+        ``Sum``'s total / count), and what it adds to the epoch's training loss."""
         # Only the boundary micro-step all-reduces gradients; the others accumulate locally
         # under no_sync() (the guide's version all-reduced on every micro-step).
         local = None if slot.boundary else self.no_sync
@@ -96,25 +86,18 @@ class StepCore:
             # Dropout and the like follow the micro-batch, whichever rank trains it.
             seed_micro_batch(self.seed, step, slot.micro, self.device)
             with autocast(self.amp, self.device):
-                loss = self.task.loss(self.state.model, batch).float()
-            loss = observer.loss(loss, slot, step)
+                loss = self.task.loss(self.state.model, batch)
+            loss, total, count = observed_loss(loss, slot, step, hooks)
             if slot.boundary:
-                observer.syncing(slot, distributed=self.no_sync is not None)
-            self.state.scaler.scale(loss * weight).backward()
-        return loss
+                hooks.syncing(slot, distributed=self.no_sync is not None)
+            self.stepper.backward(loss if count is None else Sum(total, count), share)
+        return loss, None if total is None else total.detach(), count
 
     def update(self) -> bool:
         """Clip, step and zero the gradients; whether the step was applied (an fp16 step
         whose gradients overflowed is skipped, and the schedule stays put)."""
         state = self.state
-        if self.grad_clip > 0:
-            state.scaler.unscale_(state.optimizer)  # clip the true gradients, not scaled ones
-            # Under FSDP2 the gradients are DTensor shards: the norm is computed over every
-            # rank's (a collective), so each clips by the whole model's norm.
-            torch.nn.utils.clip_grad_norm_(state.model.parameters(), self.grad_clip)
-        applied = optimizer_step(state.optimizer, state.scaler, state.scheduler)
-        state.optimizer.zero_grad(set_to_none=True)
-        return applied
+        return self.stepper.step((state.optimizer,), (state.scheduler,), self.grad_clip)
 
 
 @dataclass(frozen=True)
@@ -139,39 +122,13 @@ class Limits:
         return noticed or periodic
 
 
-@dataclass
-class Pass:
-    """A pass in progress, as observers see it."""
-
-    plan: EpochPlan
-    """The epoch's plan, from the position the pass started at."""
-    micro_batches: int
-    """This rank's micro-batches in the pass (its slots)."""
-    index: int = 0
-    """The micro-batch being trained (0-based)."""
-    step: int = 0
-    """The optimizer step being trained, counted over the run (1-based)."""
-    loss_sum: torch.Tensor = field(default_factory=lambda: torch.zeros((), dtype=torch.float64))
-    """This rank's sum of per-sample losses over the epoch so far, on the device: an
-    ``.item()`` every step would wait for the GPU each time."""
-    seen: int = 0
-    """This rank's samples of the epoch so far (the part before the pass included)."""
-    trained: int = 0
-    """This rank's samples trained in this pass."""
-    started: float = field(default_factory=time.perf_counter)
-    unread: frozenset[int] = frozenset()
-    """The dataset indices of the micro-batch's unreadable samples."""
-    ledger: list[tuple[int, int]] | None = None
-    """A test's sample ledger of the epoch (``EpochSums.ledger``), or None."""
-
-
 @dataclass(frozen=True)
 class EpochSegment:
     """What one pass trained: up to the epoch's end, or to a due checkpoint."""
 
-    end: EpochPosition
-    """Where it stopped (``end.sample`` is the epoch's size at its end; earlier at a due
-    checkpoint or at ``--max-steps``)."""
+    end: Position
+    """Where it stopped, as the run's position (``state.progress``) now says: ``sample``
+    is the epoch's size at its end; earlier at a due checkpoint or at ``--max-steps``."""
     sums: EpochSums
     """This rank's sums over the whole epoch so far (earlier passes included)."""
     samples: int
@@ -187,7 +144,7 @@ def train_segment(
     order: GlobalOrderBatches,
     loader: Iterable,
     sums: EpochSums,
-    observer: StepObserver,
+    hooks: StepHook,
     limits: Limits,
 ) -> EpochSegment:
     """Train the micro-batches ``order`` holds for this rank (the caller set its position;
@@ -196,50 +153,54 @@ def train_segment(
     progress, plan, slots = core.state.progress, order.plan, order.slots
     now = Pass(plan, len(slots), seen=sums.samples, ledger=sums.ledger)
     now.loss_sum = torch.tensor(sums.loss_sum, dtype=torch.float64, device=core.device)
-    end, due, skipped = EpochPosition(plan.epoch, plan.size), False, 0
+    now.loss_count = torch.tensor(sums.count, dtype=torch.float64, device=core.device)
+    due, stopped, skipped = False, False, 0
     core.state.model.train()
     core.state.optimizer.zero_grad(set_to_none=True)
-    observer.pass_started(now)
+    hooks.pass_started(now)
     opened = time.perf_counter()
     batches = iter(loader)  # a Ray Data stream starts here: its wait is the data's too
-    observer.fetched(now, time.perf_counter() - opened)
+    hooks.fetched(now, time.perf_counter() - opened)
     for now.index, slot in enumerate(slots):
         now.step = progress.step + 1
-        batch = _fetch(batches, now, observer)
-        batch, good, stand_in = _readable(batch, slot, core.stand_in, observer, now, core.rank)
+        batch = _fetch(batches, now, hooks)
+        batch, good, stand_in = _readable(batch, slot, core.stand_in, hooks, now, core.rank)
         # The step's gradient is the mean over all its samples, however the ranks and
         # micro-batches split them (a filler weighs 0): each micro-batch's mean loss
-        # weighs by its share of the step's samples, times the ranks DDP divides by.
-        weight = 0.0 if stand_in else slot.size * core.ranks / slot.step_samples
+        # weighs by its share of the step's samples (``optim.Stepper``).
+        share = 0.0 if stand_in else slot.size / slot.step_samples
         core.stand_in = core.stand_in if stand_in else batch
-        observer.computing(slot, now)
-        loss = core.backward(batch, slot, weight, now.step, observer)
+        hooks.computing(slot, now)
+        loss, total, count = core.backward(batch, slot, share, now.step, hooks)
         if not slot.filler:
-            now.loss_sum += loss.detach().double() * good
+            now.loss_sum += loss.detach().double() * good if total is None else total.double()
+            now.loss_count += good if count is None else count
             now.seen, now.trained = now.seen + good, now.trained + good
         if slot.boundary:
-            observer.updating(now)
+            hooks.updating(now)
             skipped += 0 if core.update() else 1
-            progress.step += 1
-            observer.stepped(now, loss, core.state.lr)
-        observer.trained(slot, now)
+            progress.advance(plan.step_start(slot.step + 1))  # the run's one position
+            hooks.stepped(now, loss, core.state.lr)
+        hooks.trained(slot, now)
         if slot.boundary and (
             limits.done(progress.step)
             or (limits.checkpoint_due(progress.step) and slot.step + 1 < plan.steps)
         ):  # where a re-run, or the resume from the checkpoint now due, continues
-            end = EpochPosition(plan.epoch, plan.step_start(slot.step + 1))
-            due = not limits.done(progress.step)
+            due, stopped = not limits.done(progress.step), True
             break
-    observer.pass_ended(now)
-    return EpochSegment(end, EpochSums(now.loss_sum.item(), now.seen, sums.ledger), now.trained,
-                        skipped, due)  # fmt: skip
+    if not stopped:  # the epoch's order is done (a stream may end a step early)
+        progress.sample = plan.size
+    hooks.pass_ended(now)
+    sums = EpochSums(now.loss_sum.item(), now.seen, sums.ledger, now.loss_count.item())
+    end = Position(progress.epoch, progress.step, progress.sample)
+    return EpochSegment(end, sums, now.trained, skipped, due)
 
 
-def _fetch(batches, now: Pass, observer: StepObserver):
-    observer.fetching(now)
+def _fetch(batches, now: Pass, hooks: StepHook):
+    hooks.fetching(now)
     waited = time.perf_counter()
     batch = next(batches, None)
-    observer.fetched(now, time.perf_counter() - waited)
+    hooks.fetched(now, time.perf_counter() - waited)
     if batch is None:
         raise RuntimeError(
             f"the loader ran out after {now.index} of {now.micro_batches} micro-batches"
@@ -247,7 +208,7 @@ def _fetch(batches, now: Pass, observer: StepObserver):
     return batch
 
 
-def _readable(batch, slot: Slot, last_good, observer: StepObserver, now: Pass, rank: int):
+def _readable(batch, slot: Slot, last_good, hooks: StepHook, now: Pass, rank: int):
     """``(batch, samples that count, whether it stands in)``: where nothing of the
     micro-batch was readable, the latest readable one stands in (trained with weight 0). Unreadable
     samples were left out (``ray_ddp.data.unreadable``): the micro-batch keeps its weight,
@@ -259,7 +220,7 @@ def _readable(batch, slot: Slot, last_good, observer: StepObserver, now: Pass, r
     batch, bad = take_skipped(batch)
     now.unread = frozenset(b.index for b in bad)
     if bad and not slot.filler:
-        observer.unreadable(bad, now)  # raises once this rank alone is over the cap
+        hooks.unreadable(bad, now)  # raises once this rank alone is over the cap
     good = slot.size - (0 if slot.filler else len(bad))
     if batch is not None:
         return batch, good, False

@@ -18,9 +18,11 @@ A checkpoint records these (:func:`order_record`); a resume inside an epoch comp
 ``--restart-epoch`` starts the epoch over. At an epoch boundary nothing is refused: the
 next epoch's order is made from today's data and flags.
 
-The record also names how the order was made (``global_order.ORDER_VERSION``; a record
-without one, or none at all, is of the first, ``torch.randperm``): an epoch a checkpoint
-of an older version stopped inside is finished in that version's order (:func:`saved_version`),
+The record also names how the order was made (``global_order.ORDER_VERSION``, or
+``streaming.STREAMED_VERSION`` for a streamed split; a record without one, or none at all,
+is of the first: ``torch.randperm``, or for a streamed split the whole-list order of
+``streaming.streaming_order``, which versions 1 and 2 share): an epoch a checkpoint of an
+older version stopped inside is finished in that version's order (:func:`saved_version`),
 and the epochs after it take today's. Keeping the old order for the rest of one epoch
 costs what it always did (one permutation held), and the run is neither stopped nor
 moved to another order mid-epoch, which would train some samples twice and others never.

@@ -43,15 +43,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from ray_ddp.config.batch import accumulation
-from ray_ddp.data.order.permutation import KeyedPermutation
+from ray_ddp.data.order.permutation import KeyedPermutation, PositionOrder
+from ray_ddp.data.order.streaming import STREAMED_VERSION, StreamedOrder, streaming_order
 
 RANDPERM_VERSION = 1
 """The first order: ``torch.randperm(size)`` seeded by ``seed + epoch``, held whole (O(N)
 memory a rank, remade at every position). Checkpoints without an order version have it."""
 ORDER_VERSION = 2
 """Today's order: ``permutation.KeyedPermutation`` of ``(seed, epoch)``, each position
-computed when read (O(1) memory). A streamed split's order (``streaming``) is the same in
-both."""
+computed when read (O(1) memory). A streamed split's order (``streaming``) was the same in
+versions 1 and 2, and is ``streaming.STREAMED_VERSION`` (3) today: its plans default to it."""
+
+
+def today_version(streamed: bool) -> int:
+    """The order version a new epoch takes: a streamed split's or a split read by index's."""
+    return STREAMED_VERSION if streamed else ORDER_VERSION
 
 
 def micro_batch_count(samples: int, batch_size: int) -> int:
@@ -105,9 +111,13 @@ class EpochPlan:
     order is then ``ray_ddp.data.order.streaming``'s two-level shuffle instead of a permutation."""
     buffer: int = 0
     """The streamed order's shuffle window, in rows (``--shuffle-buffer``)."""
-    version: int = ORDER_VERSION
-    """How the order is made (:data:`ORDER_VERSION`): a checkpoint taken inside an epoch
-    of an older version finishes that epoch in it (``worker.resume.continue_epoch``)."""
+    version: int | None = None
+    """How the order is made (:func:`today_version` where None): a checkpoint taken inside
+    an epoch of an older version finishes that epoch in it (``worker.resume.continue_epoch``)."""
+
+    def __post_init__(self) -> None:
+        if self.version is None:
+            object.__setattr__(self, "version", today_version(self.pieces is not None))
 
     @property
     def micro_per_step(self) -> int:
@@ -145,10 +155,9 @@ class EpochPlan:
 
     @functools.cached_property
     def _order(self) -> Sequence[int]:
-        if self.pieces is not None:  # the same order in every version so far
-            from ray_ddp.data.order.streaming import streaming_order
-
-            return streaming_order(
+        if self.pieces is not None:
+            made = StreamedOrder if self.version == STREAMED_VERSION else streaming_order
+            return made(
                 self.pieces, self.buffer, self.seed, self.epoch, self.micro_per_step,
                 self.batch_size,
             )  # fmt: skip
@@ -269,8 +278,9 @@ class RankSlots(_Computed):
 
 
 def _take(order: Sequence[int], spans: list[tuple[int, int]]) -> list[list[int]]:
-    """``[order[begin:end] for begin, end in spans]``, a keyed permutation's in one call."""
-    if not isinstance(order, KeyedPermutation) or not spans:
+    """``[order[begin:end] for begin, end in spans]``, an order computed by position
+    (``permutation.PositionOrder``) in one call."""
+    if not isinstance(order, PositionOrder) or not spans:
         return [list(order[begin:end]) for begin, end in spans]
     import numpy as np
 
@@ -308,7 +318,8 @@ class GlobalOrderBatches:
 
     def set_position(self, epoch: int, start: int) -> None:
         """The coming pass is epoch ``epoch`` from sample ``start`` of its order: O(1)."""
-        version = self.older[1] if self.older and self.older[0] == epoch else ORDER_VERSION
+        today = today_version(self.pieces is not None)
+        version = self.older[1] if self.older and self.older[0] == epoch else today
         self.plan = EpochPlan(
             self.size, self.batch_size, self.global_batch, self.seed, epoch, start,
             self.pieces, self.buffer, version,

@@ -19,6 +19,11 @@ the order costs a few words of memory and a resume costs nothing:
 Four rounds of a random function make a pseudo-random permutation (Luby and Rackoff); the
 round function is a good 64-bit mixer, not a cryptographic one: a shuffle, not a secret.
 Everything is vectorised over NumPy ``uint64`` arrays (about 0.1 µs a position in bulk).
+
+A permutation may also be keyed by further words after ``(seed, epoch)`` (``stream``): the
+streamed Parquet order (``streaming``) draws its row-group order and each shuffle window's
+order so, every one its own permutation, none drawn from another. With no words the keys
+are those of order version 2 (``global_order.ORDER_VERSION``).
 """
 
 from __future__ import annotations
@@ -52,15 +57,55 @@ def mix64(values: np.ndarray, key: np.uint64) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-class KeyedPermutation(Sequence[int]):
-    """Epoch ``epoch``'s permutation of ``[0, size)`` for ``seed``: ``perm[position]`` is
-    the sample trained at ``position``; a slice is a list, computed at once."""
+class PositionOrder(Sequence[int]):
+    """An epoch's order whose sample at a position is computed from the position
+    (:meth:`at`, vectorised): ``order[position]`` is one sample, a slice a list computed at
+    once, and iterating computes it a chunk at a time. Equal to a list of the same samples."""
 
-    def __init__(self, size: int, seed: int, epoch: int) -> None:
+    size: int
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        """The samples at ``positions`` (each in ``[0, size)``), as int64."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        return self.size
+
+    @overload
+    def __getitem__(self, key: int) -> int: ...
+    @overload
+    def __getitem__(self, key: slice) -> list[int]: ...
+    def __getitem__(self, key: int | slice) -> int | list[int]:
+        if isinstance(key, slice):
+            span = range(self.size)[key]
+            positions = np.arange(span.start, span.stop, span.step, dtype=np.int64)
+            return self.at(positions).tolist() if len(span) else []
+        position = range(self.size)[key]  # negative positions and IndexError as a list's
+        return int(self.at(np.asarray([position]))[0])
+
+    def __iter__(self) -> Iterator[int]:
+        for begin in range(0, self.size, _CHUNK):
+            yield from self[begin : begin + _CHUNK]
+
+    def __eq__(self, other: Any) -> bool:
+        if isinstance(other, Sequence):
+            return len(other) == self.size and list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, as a list is
+
+
+class KeyedPermutation(PositionOrder):
+    """Epoch ``epoch``'s permutation of ``[0, size)`` for ``seed`` (and the words of
+    ``stream``, if any): ``perm[position]`` is the sample trained at ``position``."""
+
+    def __init__(self, size: int, seed: int, epoch: int, *stream: int) -> None:
         self.size = size
         bits = max(2, (size - 1).bit_length())
         self.widths = (bits // 2, bits - bits // 2)  # the high and the low half
         base = mix_key(mix_key(seed) ^ (epoch * _GOLDEN))
+        for word in stream:  # a sub-order of the epoch's: its own keys
+            base = mix_key(base ^ mix_key(word + _GOLDEN))
         self.keys = tuple(np.uint64(mix_key(base + i * _GOLDEN)) for i in range(ROUNDS))
 
     def _network(self, x: np.ndarray) -> np.ndarray:
@@ -97,33 +142,12 @@ class KeyedPermutation(Sequence[int]):
         """The positions of ``samples``: the inverse permutation."""
         return self._walk(np.asarray(samples), self._inverse_network)
 
-    def __len__(self) -> int:
-        return self.size
-
-    @overload
-    def __getitem__(self, key: int) -> int: ...
-    @overload
-    def __getitem__(self, key: slice) -> list[int]: ...
-    def __getitem__(self, key: int | slice) -> int | list[int]:
-        if isinstance(key, slice):
-            span = range(self.size)[key]
-            positions = np.arange(span.start, span.stop, span.step, dtype=np.int64)
-            return self.at(positions).tolist() if len(span) else []
-        position = range(self.size)[key]  # negative positions and IndexError as a list's
-        return int(self.at(np.asarray([position]))[0])
-
-    def __iter__(self) -> Iterator[int]:
-        for begin in range(0, self.size, _CHUNK):
-            yield from self[begin : begin + _CHUNK]
-
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, KeyedPermutation):
             return (self.size, self.keys) == (other.size, other.keys)
-        if isinstance(other, Sequence):
-            return len(other) == self.size and list(self) == list(other)
-        return NotImplemented
+        return super().__eq__(other)
 
-    __hash__ = None  # type: ignore[assignment]  # equal to lists, as a list is
+    __hash__ = None  # as PositionOrder: equal by value, so unhashable
 
     def __repr__(self) -> str:
         return f"KeyedPermutation(size={self.size}, keys={[int(k) for k in self.keys]})"

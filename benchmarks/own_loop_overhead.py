@@ -1,0 +1,137 @@
+"""What an own loop costs against the built-in loop: the default job (``jobs/train.py``'s
+defaults: 2 CPU workers on gloo, small_resnet on the built-in 12000 samples, batch 64 per
+worker, AdamW with the default warm-up + cosine schedule and gradient clipping) run by the
+built-in loop (``fit``) and written as an own loop (:func:`train` below, over
+``ray_ddp.Run``'s verbs: the same model, data, global order, optimizer, schedule, clipping
+and validation), interleaved on one local Ray, which goes first alternating pair by pair.
+The figure is each run's steady samples/s per worker (``StepTimer``: warm-up, epoch ends
+and checkpoints left out), compared pair by pair (own / built-in).
+
+    python benchmarks/own_loop_overhead.py            # 5 pairs of 1 epoch: ~9 min on 2 cores
+
+Writes benchmarks/results/own_loop_overhead.md (and .json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+for path in (ROOT, os.path.join(ROOT, "benchmarks")):
+    if path not in sys.path:
+        sys.path.insert(0, path)
+
+from common import paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
+
+TASK = "ray_ddp.image_classification:ImageClassification"
+RUN = {"export": False, "progress_interval_s": 0, "tensorboard": False}  # else the defaults
+
+
+def train(run) -> None:
+    """The built-in job as an own loop."""
+    import torch.nn.functional as F
+
+    import ray_ddp
+    from ray_ddp.data.order.global_order import EpochPlan
+    from ray_ddp.image_classification.models import build_model
+    from ray_ddp.image_classification.synthetic import NUM_CLASSES, make_synthetic
+    from ray_ddp.worker.optim import build_optimizer, build_scheduler
+
+    cfg = run.config
+    train_set, val_set = make_synthetic(
+        cfg.optim.seed, cfg.data.train_samples, cfg.data.val_samples
+    )
+    model = run.setup(build_model(cfg.target.model, tuple(train_set[0][0].shape), NUM_CLASSES))
+    plan = EpochPlan(
+        len(train_set), cfg.optim.batch_size, cfg.global_batch_size, cfg.optim.seed, epoch=0
+    )
+    optimizer = build_optimizer(cfg.optim, model.parameters())
+    schedule = build_scheduler(cfg.optim, optimizer, plan.steps * cfg.optim.epochs)
+    run.register(model=model, optimizer=optimizer, schedule=schedule)
+
+    def sums(model, batch):
+        images, labels = batch
+        output, n = model(images).float(), len(labels)
+        return {"loss": ray_ddp.Sum(F.cross_entropy(output, labels, reduction="sum"), n),
+                "acc": ray_ddp.Sum((output.argmax(dim=1) == labels).sum(), n)}  # fmt: skip
+
+    for _ in run.epochs():
+        model.train()
+        for step in run.steps(train_set):
+            for micro in step:
+                images, labels = micro.data
+                with run.autocast():
+                    loss = F.cross_entropy(model(images).float(), labels)
+                run.backward(loss, micro)
+            run.step(optimizer, schedules=[schedule])
+        scores = run.evaluate(model, val_set, sums)
+        run.report({"val_loss": scores["loss"], "val_acc": scores["acc"]})
+
+
+def one_run(storage: str, name: str, own: bool, epochs: int) -> float:
+    """Steady samples/s per worker of one run."""
+    import ray_ddp
+    from ray_ddp.driver.run import fit
+
+    common = {"num_workers": 2, "storage_path": storage, "name": name, "epochs": epochs, **RUN}
+    if own:
+        summary = ray_ddp.launch(train, best_metric="acc", best_mode="max", **common)
+    else:
+        summary = fit(TASK, **common)
+    return summary["timing"]["steady_samples_per_s_per_worker"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    args = parser.parse_args(argv)
+
+    import ray
+
+    pairs = []
+    with tempfile.TemporaryDirectory() as storage:
+        ray.init(num_cpus=2, logging_level="WARNING")
+        try:
+            for pair in range(args.pairs):
+                order = [("on", True), ("off", False)][:: 1 if pair % 2 == 0 else -1]
+                speeds = {arm: one_run(storage, f"{arm}-{pair}", own, args.epochs)
+                          for arm, own in order}  # fmt: skip
+                pairs.append(speeds)
+                print(f"pair {pair + 1}: own loop {speeds['on']:.1f}, built-in "
+                      f"{speeds['off']:.1f} samples/s per worker, own/built-in "
+                      f"{speeds['on'] / speeds['off']:.3f}", flush=True)  # fmt: skip
+        finally:
+            ray.shutdown()
+    result = {
+        "date": time.strftime("%Y-%m-%d"),
+        "run": {**RUN, "epochs": args.epochs},
+        "pairs": pairs,
+        **paired_figures(pairs),
+        "load_average": os.getloadavg(),
+    }
+    write_report(args.out, "own_loop_overhead", result, markdown(result))
+    return 0
+
+
+def markdown(r: dict) -> str:
+    return (
+        f"# An own loop against the built-in loop ({r['date']})\n\n"
+        "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, small_resnet, "
+        "the built-in 12000 samples, batch 64 per worker), "
+        f"{r['run']['epochs']} epoch(s) per run, run by the built-in loop and written as an "
+        "own loop (`benchmarks/own_loop_overhead.py`'s `train`); "
+        f"{len(r['pairs'])} interleaved pairs (which goes first alternates), steady "
+        "samples/s per worker.\n\n"
+        + paired_table(r, "own loop", "built-in loop", "own / built-in")
+        + f"The 1-minute load average at the end: {r['load_average'][0]:.1f} on 2 cores.\n"
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
