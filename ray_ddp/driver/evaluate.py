@@ -18,7 +18,6 @@ evaluation (:func:`check_unreadable`): no figures, one line naming them, exit 1.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -144,8 +143,7 @@ def run_evaluation(
         raise ConfigError(str(exc)) from exc
     except (FileNotFoundError, OSError) as exc:
         raise ConfigError(f"cannot open checkpoint {checkpoint}: {exc}") from exc
-    cfg = dataclasses.replace(
-        saved_config(state),
+    cfg = saved_config(state).replace(
         resume_from=None,
         min_workers=None,  # an evaluation runs on a fixed number of workers
         data_engine="torch",  # its own exact loader, whichever engine trained the model

@@ -7,7 +7,6 @@ submit`` started on the cluster. Everything that can be refused is refused first
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from typing import Any
 
@@ -72,7 +71,7 @@ def fit(
     ``harness`` is for ray_ddp's own tests (``ray_ddp.testing``): faults to inject."""
     from ray_ddp.task.loading import as_task, spec_of
 
-    cfg = dataclasses.replace(config or TrainConfig(), **fields)
+    cfg = (config or TrainConfig()).replace(**fields)
     if isinstance(task, str):
         return run_training(cfg.replace(task=task), harness=harness)
     task = as_task(task, f"fit({type(task).__name__})")
