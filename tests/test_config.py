@@ -1,4 +1,6 @@
+import copy
 import dataclasses
+import pickle
 import re
 
 import pytest
@@ -66,6 +68,9 @@ def test_fields_are_read_from_their_sections_and_given_flat():
     assert dataclasses.replace(cfg, lr=0.2, storage_path="elsewhere") == again  # flat on purpose
     with pytest.raises(TypeError, match="no field bogus"):
         cfg.replace(bogus=1)
+    # The flat fallback (below) leaves copying and pickling alone.
+    assert pickle.loads(pickle.dumps(cfg)) == cfg == copy.deepcopy(cfg)
+    assert not hasattr(cfg, "bogus")
 
 
 def test_a_flat_read_of_earlier_code_still_works_with_a_warning():
