@@ -185,7 +185,7 @@ class TrainConfig:
 
 
 class FlatFieldWarning(DeprecationWarning):
-    """``cfg.optim.lr`` where ``cfg.optim.lr`` is meant (the flat reads of earlier versions)."""
+    """A flat read of earlier versions: ``cfg.lr`` for ``cfg.optim.lr``."""  # flat on purpose
 
 
 def _warn_flat(name: str, section: str) -> None:
