@@ -124,6 +124,12 @@ def median_range(values: list[float], digits: int = 2) -> str:
     return f"{med:.{digits}f} ({lo:.{digits}f}–{hi:.{digits}f})"
 
 
+def arms_in_turn(pair: int) -> tuple[str, str]:
+    """Which arm of an interleaved A/B runs first in pair ``pair`` (0-based): they take
+    turns, so drift on the machine weighs on both alike."""
+    return ("on", "off") if pair % 2 == 0 else ("off", "on")
+
+
 def paired_figures(pairs: list[dict[str, Any]]) -> dict[str, float]:
     """An interleaved A/B's figures from its pairs (each with an ``on`` and an ``off``
     figure): the on/off ratio pair by pair (median, min, max) and each arm's median."""

@@ -25,7 +25,7 @@ for path in (ROOT, os.path.join(ROOT, "benchmarks")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from common import paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
+from common import arms_in_turn, paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
 
 TASK = "ray_ddp.image_classification:ImageClassification"
 RUN = {"export": False, "progress_interval_s": 0, "tensorboard": False}  # else the defaults
@@ -99,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=2, logging_level="WARNING")
         try:
             for pair in range(args.pairs):
-                order = [("on", True), ("off", False)][:: 1 if pair % 2 == 0 else -1]
-                speeds = {arm: one_run(storage, f"{arm}-{pair}", own, args.epochs)
-                          for arm, own in order}  # fmt: skip
+                speeds = {arm: one_run(storage, f"{arm}-{pair}", arm == "on", args.epochs)
+                          for arm in arms_in_turn(pair)}  # fmt: skip
                 pairs.append(speeds)
                 print(f"pair {pair + 1}: own loop {speeds['on']:.1f}, built-in "
                       f"{speeds['off']:.1f} samples/s per worker, own/built-in "

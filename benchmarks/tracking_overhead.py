@@ -30,7 +30,7 @@ for path in (ROOT, os.path.join(ROOT, "tests")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from common import paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
+from common import arms_in_turn, paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
 
 RUN = {"export": False, "progress_interval_s": 0}  # else jobs/train.py's defaults
 
@@ -84,11 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         pairs = []
         try:
             for pair in range(args.pairs):
-                # Alternate which goes first, so drift weighs on both alike.
-                order = [("on", server.uri), ("off", None)][:: 1 if pair % 2 == 0 else -1]
-                runs = {
-                    arm: one_run(storage, f"{arm}-{pair}", uri, args.epochs) for arm, uri in order
-                }
+                uris = {"on": server.uri, "off": None}
+                runs = {arm: one_run(storage, f"{arm}-{pair}", uris[arm], args.epochs)
+                        for arm in arms_in_turn(pair)}  # fmt: skip
                 speeds = {arm: run["steady"] for arm, run in runs.items()}
                 speeds["sent"] = runs["on"]["tracking"].get("sent", 0)
                 pairs.append(speeds)
