@@ -475,7 +475,10 @@ def test_a_billion_streamed_rows_resume_at_any_step_at_another_world_size(
     assert len(set(rows)) == len(rows) and all(0 <= i < size for i in rows)
     starts = np.concatenate([[0], np.cumsum(pieces)[:-1]])
     window = -(-buffer // batch) * batch
-    for indices in mine.values():  # locality: a window's rows, from neighbouring groups
+    head = plan.order().head  # the lanes' whole batches; their tails end the epoch together
+    for micro, indices in mine.items():  # locality: a window's rows, from neighbouring groups
+        if plan.step_start(k) + (micro + 1) * batch > head:
+            continue  # a micro-batch of the lanes' tails reads a few lanes' last groups
         read = np.unique(np.searchsorted(starts, indices, side="right") - 1)
         held = sorted((pieces[g] for g in read.tolist()), reverse=True)
-        assert sum(held[2:]) <= window or len(indices) != batch
+        assert sum(held[2:]) <= window and len(indices) == batch
