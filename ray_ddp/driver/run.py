@@ -94,7 +94,7 @@ def run_training(
     # asks for something else explicitly is refused (None is not compared).
     cfg = cfg.replace(name=cfg.checkpointing.name or default_name(cfg, prepared.task))
     if cfg.target.task == BUILTIN_TASK:
-        cfg = cfg.replace(augment=augment_policy(cfg))
+        cfg = cfg.replace(augment=augment_policy(cfg.data))
     # A re-run on another number of workers keeps the run's global batch.
     recorded = recorded_config(cfg)
     if recorded is not None:
