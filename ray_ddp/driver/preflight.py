@@ -51,7 +51,7 @@ def preflight(
     per-worker ``batch_sizes`` a sweep will try (default: the config's own) against the
     data."""
     validate(cfg)
-    check_tracking(cfg)
+    check_tracking(cfg.logging)
     if (
         cfg.optim.amp == "fp16"
         and cfg.scaling.use_gpu is None

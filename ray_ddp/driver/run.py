@@ -98,11 +98,12 @@ def run_training(
     # A re-run on another number of workers keeps the run's global batch.
     recorded = recorded_config(cfg)
     if recorded is not None:
-        cfg = keep_global_batch(cfg, recorded, f"run {cfg.checkpointing.name}")
+        what = f"run {cfg.checkpointing.name}"
+        cfg = cfg.replace(optim=keep_global_batch(cfg.scaling, cfg.optim, recorded, what))
     elif prepared.resume_config is not None:
-        cfg = keep_global_batch(
-            cfg, prepared.resume_config, f"--resume-from {cfg.checkpointing.resume_from}"
-        )
+        what = f"--resume-from {cfg.checkpointing.resume_from}"
+        saved = prepared.resume_config
+        cfg = cfg.replace(optim=keep_global_batch(cfg.scaling, cfg.optim, saved, what))
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
@@ -111,7 +112,7 @@ def run_training(
     cfg = shared_resume_from(cfg, run_dir, alive_nodes())
     if cfg.scaling.elastic:
         quick_elastic_restarts()
-    tracking = settings_for(cfg)
+    tracking = settings_for(cfg.logging, cfg.checkpointing)
     open_tracking(tracking)
     trainer = build_trainer(cfg, prepared, harness=harness, tracking=tracking)
     from ray.train import TrainingFailedError
@@ -133,7 +134,9 @@ def run_training(
         raise
     wall_s = time.perf_counter() - started
     mark("fit returned")
-    summary = build_summary(cfg, prepared.task, result, wall_s)
+    summary = build_summary(
+        cfg.scaling, cfg.optim, cfg.checkpointing, prepared.task, result, wall_s
+    )
     if summary["best"]:
         best = summary["best"]["checkpoint"]
         summary["report"] = _final_report(prepared.task, cfg, best)

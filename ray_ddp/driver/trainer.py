@@ -71,7 +71,7 @@ def build_trainer(
         scaling_config=ScalingConfig(
             # (MIN, MAX) for an elastic run: Train v2's ScalingConfig; the stubs mypy reads
             # are Train v1's, which has no elastic range (nor the keywords below)
-            num_workers=scaling_workers(cfg),  # type: ignore[arg-type]
+            num_workers=scaling_workers(cfg.scaling),  # type: ignore[arg-type]
             use_gpu=bool(cfg.scaling.use_gpu),  # resolved by now (driver.prepare)
             resources_per_worker=worker_resources(cfg.scaling),
             placement_strategy=cfg.scaling.placement_strategy,

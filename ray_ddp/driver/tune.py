@@ -74,7 +74,9 @@ def _run_trial(config: dict[str, Any]) -> None:
         log_prefix=f"[{trial_id}] ",
     )
     # --tracking: the trial's own run, a child of the sweep's (its lr and batch as params).
-    tracking = settings_for(cfg, parent_run_id=config.get("tracking_parent"))
+    tracking = settings_for(
+        cfg.logging, cfg.checkpointing, parent_run_id=config.get("tracking_parent")
+    )
     open_tracking(tracking)
     # Its artifacts and status come from the sweep's driver (finish_sweep): Tune stops a
     # trial at its last report, before its fit returns here.
@@ -111,7 +113,7 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     if not sweep.resume:
         refuse_existing(sweep_dir)  # a generated name too (before the tracker writes there)
     searched = {**dataclasses.asdict(sweep), "concurrency": concurrency, **cfg.to_dict()}
-    tracking, parent = open_sweep(cfg, name, sweep_dir, searched)
+    tracking, parent = open_sweep(cfg.logging, cfg.checkpointing, name, sweep_dir, searched)
     started = time.perf_counter()
     tuner = _tuner(cfg, sweep, name, sweep_dir, concurrency, prepared.facts, metric, mode,
                    parent)  # fmt: skip
