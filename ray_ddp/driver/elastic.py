@@ -39,9 +39,8 @@ def keep_global_batch(
         return optim
     per_round = optim.batch_size * scaling.num_workers
     if batch % per_round:
-        counts = [
-            n for n in range(1, batch // optim.batch_size + 1) if batch % (optim.batch_size * n) == 0
-        ]
+        most = batch // optim.batch_size
+        counts = [n for n in range(1, most + 1) if batch % (optim.batch_size * n) == 0]
         raise ConfigError(
             f"{what} trains with a global batch of {batch} ({optim.batch_size} x "
             f"{saved['num_workers']} workers x {saved['accum_steps']}), which "

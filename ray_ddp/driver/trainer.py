@@ -57,10 +57,8 @@ def build_trainer(
         from ray_ddp.image_classification.transforms import has_random_transform, image_decoder
 
         ray_data = trainer_datasets(
-            cfg.data, cfg.target, cfg.optim, cfg.checkpointing.run_dir,
-            workers=cfg.scaling.num_workers or 1, global_batch=cfg.global_batch_size,
-            task_cpus=data_task_cpus(cfg.scaling), make_decoder=image_decoder,
-            augmented=has_random_transform(cfg.data),
+            cfg.data, cfg.target, cfg.optim, cfg.scaling, cfg.checkpointing.run_dir,
+            data_task_cpus(cfg.scaling), image_decoder, has_random_transform(cfg.data),
         )  # fmt: skip
     return torch_trainer_class()(
         loop or train_loop_per_worker,  # the evaluation job passes its own

@@ -11,8 +11,8 @@ import ray
 from ray.train import DataConfig
 
 from ray_ddp.config import ConfigError
-from ray_ddp.config.sections import Data, Optimisation, Target
-from ray_ddp.config.batch import micro_batches
+from ray_ddp.config.sections import Data, Optimisation, Scaling, Target
+from ray_ddp.config.batch import global_batch, micro_batches
 from ray_ddp.data.ray_data.decode import (
     FILES_PER_TASK,
     Decode,
@@ -113,19 +113,21 @@ class Splits(DataConfig):
 
 
 def trainer_datasets(
-    data: Data, target: Target, optim: Optimisation, run_dir: str, *, workers: int,
-    global_batch: int, task_cpus: float, make_decoder: MakeDecoder, augmented: bool,
+    data: Data, target: Target, optim: Optimisation, scaling: Scaling, run_dir: str,
+    task_cpus: float, make_decoder: MakeDecoder, augmented: bool,
 ) -> dict[str, Any]:  # fmt: skip
     """The TorchTrainer's ``datasets`` and ``dataset_config`` for ``--data-engine ray``
-    (Ray connected; ``workers``: the run's resolved count, ``global_batch``: its samples
-    per optimizer step; ``task_cpus``: what each decode
-    task asks for, ``ray_ddp.cluster.resources.data_task_cpus``; the task's decoder and
-    whether it draws random numbers). Refuses what cannot run."""
-    per_step = micro_batches(global_batch, optim.batch_size)
+    (workers resolved in ``scaling``, Ray connected; ``run_dir``: the run's, whose actor
+    collects the unreadable rows; ``task_cpus``: what each decode task asks for,
+    ``ray_ddp.cluster.resources.data_task_cpus``; the task's decoder and whether it draws
+    random numbers). Refuses what cannot run."""
+    workers = scaling.num_workers or 1
+    batch = global_batch(optim.batch_size, scaling.worker_range[1], optim.accum_steps)
+    per_step = micro_batches(batch, optim.batch_size)
     if per_step % workers:
         raise ConfigError(
             f"--data-engine ray needs every worker to train the same micro-batches per step: "
-            f"a global batch of {global_batch} makes {per_step} of "
+            f"a global batch of {batch} makes {per_step} of "
             f"{optim.batch_size}, "
             f"which {workers} workers do not share equally"
         )
