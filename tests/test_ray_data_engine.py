@@ -217,9 +217,15 @@ def test_an_imagefolder_stream_gives_each_rank_an_equal_share_once(ray_session, 
     augmented = has_random_transform(cfg.data)
     datasets = {
         split: SplitBuilder(
-            cfg.data, cfg.target, split, 1.0, image_decoder, augmented,
-            seed=cfg.optim.seed, run_dir=cfg.checkpointing.run_dir,
-        )()  # fmt: skip
+            cfg.data,
+            cfg.target,
+            split,
+            1.0,
+            image_decoder,
+            augmented,
+            seed=cfg.optim.seed,
+            run_dir=cfg.checkpointing.run_dir,
+        )()
         for split in ("train", "val")
     }
     actor = unreadable_actor(cfg.checkpointing.run_dir)

@@ -191,9 +191,7 @@ def _tuner(
         if not tune.Tuner.can_restore(sweep_dir):
             raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
         return tune.Tuner.restore(sweep_dir, trainable, resume_unfinished=True, resume_errored=True)
-    cfg = cfg.replace(
-        checkpointing=shared_resume_from(cfg.checkpointing, sweep_dir, alive_nodes())
-    )
+    cfg = cfg.replace(checkpointing=shared_resume_from(cfg.checkpointing, sweep_dir, alive_nodes()))
     scheduler = (
         ASHAScheduler(
             time_attr="epoch",

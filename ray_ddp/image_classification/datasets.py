@@ -106,9 +106,7 @@ def _describe(data: Data, target: Target) -> DatasetInfo:
         raise ConfigError(f"--data-dir {data.data_dir} does not exist or is not a directory")
     if data.dataset in _TORCHVISION_LAYOUT:
         folder, files = _TORCHVISION_LAYOUT[data.dataset]
-        missing = [
-            f for f in files if not os.path.isfile(os.path.join(data.data_dir, folder, f))
-        ]
+        missing = [f for f in files if not os.path.isfile(os.path.join(data.data_dir, folder, f))]
         if missing and not data.download:
             raise ConfigError(
                 f"{data.dataset} files missing under {os.path.join(data.data_dir, folder)} "
@@ -192,9 +190,7 @@ def build_datasets(
     gives the train split the evaluation transform (for evaluating on it)."""
     info = _describe(data, target)  # the sizes: those of the datasets built here
     if data.dataset == "synthetic":
-        made = synthetic_data.make_synthetic(
-            seed, data.train_samples, data.val_samples
-        )
+        made = synthetic_data.make_synthetic(seed, data.train_samples, data.val_samples)
         return made[0], made[1], info
     train: Dataset[Any]
     val: Dataset[Any]

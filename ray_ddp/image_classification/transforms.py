@@ -51,9 +51,7 @@ def image_shape(
     return (channels, size, size)
 
 
-def image_transform(
-    data: Data, target: Target, stats: tuple = GENERIC_STATS, train: bool = False
-):
+def image_transform(data: Data, target: Target, stats: tuple = GENERIC_STATS, train: bool = False):
     """PIL image -> normalised tensor; grey repeated to RGB for torchvision models; the
     ``--augment`` policy (see :func:`augment_policy`) on training images."""
     from torchvision import transforms as T

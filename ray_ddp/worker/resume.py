@@ -238,9 +238,7 @@ def _restore_optimizer(restored: Restored, state: TrainState, optim: Optimisatio
     fresh = hyperparameters(state.optimizer)
     saved_kind = saved.get("config", {}).get("optimizer", optim.optimizer)
     if restored.directory is not None:  # sharded: every rank reads its slices of both
-        load_shards(
-            restored.directory, state.model, state.optimizer, saved_kind == optim.optimizer
-        )
+        load_shards(restored.directory, state.model, state.optimizer, saved_kind == optim.optimizer)
         restored.release()
     elif saved_kind == optim.optimizer:
         state.optimizer.load_state_dict(saved["optimizer"])

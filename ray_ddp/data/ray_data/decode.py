@@ -45,9 +45,7 @@ def split_items(data: Data, split: str) -> tuple[list[dict[str, Any]], Any]:
         from ray_ddp.data.parquet_stream import SplitLayout, split_path
 
         path = split_path(data.data_dir, split)
-        layout = SplitLayout(
-            path, [data.feature_column or data.image_column, data.label_column]
-        )
+        layout = SplitLayout(path, [data.feature_column or data.image_column, data.label_column])
         return [{"piece": number} for number in range(len(layout.pieces))], layout
     root = os.path.join(data.data_dir, split)
     items = [

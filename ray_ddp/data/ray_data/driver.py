@@ -11,8 +11,8 @@ import ray
 from ray.train import DataConfig
 
 from ray_ddp.config import ConfigError
-from ray_ddp.config.sections import Data, Optimisation, Scaling, Target
 from ray_ddp.config.batch import global_batch, micro_batches
+from ray_ddp.config.sections import Data, Optimisation, Scaling, Target
 from ray_ddp.data.ray_data.decode import (
     FILES_PER_TASK,
     Decode,
@@ -134,9 +134,15 @@ def trainer_datasets(
     return {
         "datasets": {
             split: SplitBuilder(
-                data, target, split, task_cpus, make_decoder, augmented,
-                seed=optim.seed, run_dir=run_dir,
-            )  # fmt: skip
+                data,
+                target,
+                split,
+                task_cpus,
+                make_decoder,
+                augmented,
+                seed=optim.seed,
+                run_dir=run_dir,
+            )
             for split in ("train", "val")
         },
         "dataset_config": Splits(),

@@ -229,11 +229,7 @@ def worker_data(
     if worker.is_main:
         actor = unreadable_actor(run_dir)
         take_bad = lambda split: ray.get(actor.take.remote(split))  # noqa: E731
-    pin = (
-        bool(data.pin_memory)
-        if data.pin_memory is not None
-        else worker.device.type == "cuda"
-    )
+    pin = bool(data.pin_memory) if data.pin_memory is not None else worker.device.type == "cuda"
     order = StreamOrder(
         train_shard,
         size=sizes[0],
