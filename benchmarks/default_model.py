@@ -131,7 +131,7 @@ def checkpoint_accuracy(checkpoint_dir: str) -> float:
 
     model = load_model(checkpoint_dir)
     cfg = TrainConfig.from_dict(load_state(checkpoint_dir)["config"])
-    _, val, _ = build_datasets(cfg, augment=False)
+    _, val, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed, augment=False)
     correct = 0
     with torch.no_grad():
         for images, labels in torch.utils.data.DataLoader(val, batch_size=256):

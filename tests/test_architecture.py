@@ -57,6 +57,23 @@ def test_no_function_of_the_package_or_the_jobs_is_longer_than_a_screen():
     assert not long, long
 
 
+def test_the_modules_that_take_the_whole_config_are_those_the_architecture_doc_lists():
+    """Code takes the config sections it reads (issue 46); the modules that name
+    ``TrainConfig`` are the ones docs/architecture.md lists, each with why."""
+    with open(os.path.join(ROOT, "docs", "architecture.md")) as f:
+        doc = f.read().split("## Who takes the whole config", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| (`[^|]*) \|", doc, flags=re.M)
+    listed = {name for row in rows for name in re.findall(r"`([\w/]+\.py)`", row)}
+    package = os.path.join(ROOT, "ray_ddp")
+    naming = set()
+    for folder, _, names in os.walk(package):
+        for name in (n for n in names if n.endswith(".py")):
+            with open(os.path.join(folder, name)) as f:
+                if "TrainConfig" in f.read():
+                    naming.add(os.path.relpath(os.path.join(folder, name), package))
+    assert naming == listed, (sorted(naming - listed), sorted(listed - naming))
+
+
 def test_only_the_compat_package_mentions_rays_private_modules():
     """The tests too: the fake autoscaling cluster's reads go through ``compat``."""
     compat = os.path.join(ROOT, "ray_ddp", "compat") + os.sep

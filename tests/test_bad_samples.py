@@ -141,7 +141,7 @@ def _tree(tmp_path) -> tuple[str, str, str]:
 def test_a_truncated_file_is_named_through_subset_and_seeded_wrappers(tmp_path):
     root, cut, garbage = _tree(tmp_path)
     cfg = TrainConfig(dataset="imagefolder", data_dir=root, train_samples=17)
-    train, val, _ = build_datasets(cfg)
+    train, val, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert isinstance(train, Subset)
     position = train.indices.index(train.dataset.samples.index((cut, 1)))
     wrapped = SkipUnreadable(SeededSamples(train, seed=3))
@@ -171,7 +171,8 @@ def test_a_loader_leaves_unreadable_samples_out_of_their_batch_and_names_them(tm
     """DataLoader worker processes fetch (the error is classified there); a batch
     without bad samples is the task's batch itself."""
     root, cut, _ = _tree(tmp_path)
-    train, _, _ = build_datasets(TrainConfig(dataset="imagefolder", data_dir=root, augment="none"))
+    cfg = TrainConfig(dataset="imagefolder", data_dir=root, augment="none")
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     loader = DataLoader(
         SkipUnreadable(train),
         batch_size=4,
@@ -197,7 +198,8 @@ def test_parquet_rows_are_named_by_file_and_row(tmp_path):
 
     root = str(tmp_path / "data")
     corrupt = _write_parquet(root, bad_train=(9,), bad_val=())
-    train, _ = load(TrainConfig(dataset="parquet", data_dir=root, parquet_read="memory"))
+    cfg = TrainConfig(dataset="parquet", data_dir=root, parquet_read="memory")
+    train, _ = load(cfg.data, cfg.target)
     record = SkipUnreadable(train)[9]
     assert (record.name, record.error) == (
         corrupt[0],

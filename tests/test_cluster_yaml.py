@@ -254,7 +254,7 @@ def test_the_documented_jobs_ask_for_gpu_workers_the_gpu_nodes_can_hold():
             and train.scaling.wait_for_resources >= 300
         ), argv
         problem = unplaceable(
-            worker_bundle(train), train.scaling.num_workers, [head], types, max_nodes
+            worker_bundle(train.scaling), train.scaling.num_workers, [head], types, max_nodes
         )
         assert problem is None, problem
     # And what the comments say is refused is.
@@ -263,5 +263,5 @@ def test_the_documented_jobs_ask_for_gpu_workers_the_gpu_nodes_can_hold():
             **{"use_gpu": True, "num_workers": 4, "cpus_per_worker": 8.0, **too_much}
         )
         assert unplaceable(
-            worker_bundle(train), train.scaling.num_workers, [head], types, max_nodes
+            worker_bundle(train.scaling), train.scaling.num_workers, [head], types, max_nodes
         )

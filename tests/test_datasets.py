@@ -11,6 +11,7 @@ from formats import write_cifar10, write_imagefolder, write_mnist, write_parquet
 from PIL import Image
 
 from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config.sections import Data, Target
 from ray_ddp.image_classification.datasets import build_datasets, describe_dataset
 from ray_ddp.image_classification.synthetic import make_synthetic
 
@@ -53,7 +54,7 @@ def test_a_builtin_sample_is_made_from_its_index_alone_at_any_split_size():
 def test_cifar10_batch_files(tmp_path):
     batches = write_cifar10(str(tmp_path), per_batch=6, test=5)
     cfg = TrainConfig(dataset="cifar10", data_dir=str(tmp_path))
-    train, val, info = build_datasets(cfg)
+    train, val, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert (len(train), len(val)) == (30, 5)
     assert info.num_classes == 10 and info.input_shape == (3, 32, 32)
     data, labels = batches["test_batch"]
@@ -71,30 +72,29 @@ def test_cifar10_batch_files(tmp_path):
 )
 def test_mnist_idx_folders(tmp_path, dataset, folder):
     written = write_mnist(str(tmp_path), folder=folder, train=12, test=7)
-    train, val, info = build_datasets(TrainConfig(dataset=dataset, data_dir=str(tmp_path)))
+    cfg = TrainConfig(dataset=dataset, data_dir=str(tmp_path))
+    train, val, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert (len(train), len(val)) == (12, 7)
     assert info.input_shape == (1, 28, 28)
     image, label = val[4]
     assert label == int(written["t10k"][1][4])
     assert image.shape == (1, 28, 28)
     # torchvision models take RGB: grey is repeated to 3 channels for them.
-    _, val_rgb, info_rgb = build_datasets(
-        TrainConfig(dataset=dataset, data_dir=str(tmp_path), model="resnet18")
-    )
+    rgb = TrainConfig(dataset=dataset, data_dir=str(tmp_path), model="resnet18")
+    _, val_rgb, info_rgb = build_datasets(rgb.data, rgb.target, rgb.optim.seed)
     assert info_rgb.input_shape == (3, 28, 28) and val_rgb[4][0].shape == (3, 28, 28)
     assert torch.allclose(val_rgb[4][0][0], image[0]) and torch.allclose(val_rgb[4][0][2], image[0])
 
 
 def test_missing_torchvision_files_name_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="pass --download"):
-        describe_dataset(TrainConfig(dataset="mnist", data_dir=str(tmp_path)))
+        describe_dataset(Data(dataset="mnist", data_dir=str(tmp_path)), Target())
 
 
 def test_imagefolder_tree(tmp_path):
     write_imagefolder(str(tmp_path), train=8, val=3, size=20)
-    train, val, info = build_datasets(
-        TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), image_size=24)
-    )
+    cfg = TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), image_size=24)
+    train, val, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert (len(train), len(val), info.num_classes) == (24, 9, 3)
     image, label = val[0]
     assert image.shape == (3, 24, 24) and label == 0
@@ -107,13 +107,14 @@ def test_imagefolder_without_val_is_refused(tmp_path):
 
     shutil.rmtree(tmp_path / "val")
     with pytest.raises(ConfigError, match="val/ with one sub-folder per class"):
-        describe_dataset(TrainConfig(dataset="imagefolder", data_dir=str(tmp_path)))
+        describe_dataset(Data(dataset="imagefolder", data_dir=str(tmp_path)), Target())
 
 
 @pytest.mark.parametrize("hf_struct", [False, True])
 def test_parquet_image_bytes(tmp_path, hf_struct):
     write_parquet(str(tmp_path), train=40, val=11, classes=3, size=16, hf_struct=hf_struct)
-    train, val, info = build_datasets(TrainConfig(dataset="parquet", data_dir=str(tmp_path)))
+    cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path))
+    train, val, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert (len(train), len(val), info.num_classes) == (40, 11, 3)
     image, label = val[5]
     assert image.shape == (3, 32, 32) and isinstance(int(label), int)
@@ -125,9 +126,9 @@ def test_parquet_features_need_mlp(tmp_path):
     write_parquet(str(tmp_path), features=5)
     cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path), feature_column="features")
     with pytest.raises(ConfigError, match="needs --model mlp"):
-        describe_dataset(cfg)
+        describe_dataset(cfg.data, cfg.target)
     cfg.target.model = "mlp"
-    train, val, info = build_datasets(cfg)
+    train, val, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert info.input_shape == (5,) and train[0][0].dtype == torch.float32
     assert len(val) == 11
 
@@ -136,14 +137,14 @@ def test_parquet_without_label_column_is_refused(tmp_path):
     write_parquet(str(tmp_path))
     cfg = TrainConfig(dataset="parquet", data_dir=str(tmp_path), label_column="target")
     with pytest.raises(ConfigError, match="has no column 'target'"):
-        describe_dataset(cfg)
+        describe_dataset(cfg.data, cfg.target)
 
 
 def test_subset_is_seeded_and_sized(tmp_path):
     write_mnist(str(tmp_path), train=12, test=7)
     cfg = TrainConfig(dataset="mnist", data_dir=str(tmp_path), train_samples=5, val_samples=3)
-    train, val, _ = build_datasets(cfg)
-    again, _, _ = build_datasets(cfg)
+    train, val, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
+    again, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert (len(train), len(val)) == (5, 3)
     assert np.array_equal(train.indices, again.indices)
 
@@ -173,15 +174,15 @@ def test_every_dataset_knows_its_sizes_before_loading(tmp_path, dataset, limits)
     cfg = TrainConfig(
         dataset=dataset, data_dir=str(tmp_path), train_samples=limits[0], val_samples=limits[1]
     )
-    info = describe_dataset(cfg)
-    train, val, built = build_datasets(cfg)
+    info = describe_dataset(cfg.data, cfg.target)
+    train, val, built = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert (info.train_size, info.val_size) == (len(train), len(val))
     assert (built.train_size, built.val_size) == (len(train), len(val))
 
 
 def test_a_download_counts_the_published_sizes(tmp_path):
     cfg = TrainConfig(dataset="cifar10", data_dir=str(tmp_path), download=True, val_samples=500)
-    info = describe_dataset(cfg)  # downloads nothing: the workers do
+    info = describe_dataset(cfg.data, cfg.target)  # downloads nothing: the workers do
     assert (info.train_size, info.val_size) == (50_000, 500)
     assert os.listdir(tmp_path) == []
 
@@ -192,9 +193,9 @@ def test_unreadable_files_are_refused_with_their_path(tmp_path):
     with open(path, "wb") as f:
         f.write(b"\x1f\x8b gzip, not IDX")
     with pytest.raises(ConfigError, match="t10k-images-idx3-ubyte is not an IDX image file"):
-        describe_dataset(TrainConfig(dataset="mnist", data_dir=str(tmp_path)))
+        describe_dataset(Data(dataset="mnist", data_dir=str(tmp_path)), Target())
     write_imagefolder(str(tmp_path / "folder"))
     for name in os.listdir(tmp_path / "folder" / "val" / "owl"):
         os.remove(tmp_path / "folder" / "val" / "owl" / name)
     with pytest.raises(ConfigError, match="Found no valid file for the classes owl"):
-        describe_dataset(TrainConfig(dataset="imagefolder", data_dir=str(tmp_path / "folder")))
+        describe_dataset(Data(dataset="imagefolder", data_dir=str(tmp_path / "folder")), Target())

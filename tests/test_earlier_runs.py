@@ -149,7 +149,9 @@ def test_an_earlier_run_record_guards_its_re_runs(tmp_path):
     with pytest.raises(ConfigError, match=r"--lr 0.01 -> 0.02"):
         check_rerun(TrainConfig(**{**FLAGS, "lr": 0.02}, storage_path=str(tmp_path), name="old"))
     fewer = TrainConfig(**{**FLAGS, "num_workers": 1}, storage_path=str(tmp_path), name="old")
-    kept = keep_global_batch(fewer, recorded_config(fewer), "run old")
+    saved = recorded_config(fewer.checkpointing)
+    optim = keep_global_batch(fewer.scaling, fewer.optim, saved, "run old")
+    kept = fewer.replace(optim=optim)
     assert kept.optim.accum_steps == 2 and kept.global_batch_size == 64
 
 
@@ -202,4 +204,5 @@ def test_a_record_of_today_reads_into_the_same_config_and_resumes(tmp_path):
                                    "allow_config_change": False}))  # fmt: skip
     fewer = TrainConfig(**{**KEPT, "storage_path": str(tmp_path), "num_workers": 2,
                            "min_workers": None})  # fmt: skip
-    assert keep_global_batch(fewer, recorded_config(fewer), "run kept-run").optim.accum_steps == 4
+    saved = recorded_config(fewer.checkpointing)
+    assert keep_global_batch(fewer.scaling, fewer.optim, saved, "run kept-run").accum_steps == 4

@@ -99,7 +99,7 @@ def folder(tmp_path_factory) -> str:
 
 def _augmented(folder: str, seed: int) -> SeededSamples:
     cfg = TrainConfig(dataset="imagefolder", data_dir=folder, seed=seed)
-    train, _, _ = build_datasets(cfg)
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     return SeededSamples(train, seed)
 
 

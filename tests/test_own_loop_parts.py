@@ -67,7 +67,7 @@ def test_draws_are_keyed_by_the_sample_and_the_stream():
 )  # fmt: skip
 def test_what_an_own_loop_cannot_run_yet_is_refused_before_ray(fields, flag):
     with pytest.raises(ConfigError, match=flag):
-        refuse_unsupported(dataclasses.replace(TrainConfig(), **fields))
+        refuse_unsupported(dataclasses.replace(TrainConfig(), **fields).data)
 
 
 class _Tokens(torch.utils.data.Dataset):

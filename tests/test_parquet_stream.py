@@ -53,7 +53,7 @@ def test_the_order_is_a_seeded_permutation_the_same_at_every_world_size():
 
 def test_every_row_once_per_epoch_across_two_ranks_and_rows_decode_to_their_labels(shards):
     cfg, labels = shards
-    train, _, info = build_datasets(cfg)
+    train, _, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert isinstance(train, StreamingParquet) and info.train_size == 300 == len(train)
     for epoch in (0, 1):
         seen = []
@@ -76,7 +76,7 @@ def test_every_row_once_per_epoch_across_two_ranks_and_rows_decode_to_their_labe
 
 def test_one_seed_one_order_and_two_seeds_two(shards):
     cfg, _ = shards
-    train, _, _ = build_datasets(cfg)
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert _batches(train, 0, 0, 2)[1] == _batches(train, 0, 0, 2)[1]
     assert _batches(train, 0, 0, 2)[1] != _batches(train, 0, 0, 2, seed=2)[1]
     assert _batches(train, 0, 0, 2)[1] != _batches(train, 1, 0, 2)[1]
@@ -84,7 +84,7 @@ def test_one_seed_one_order_and_two_seeds_two(shards):
 
 def test_the_same_steps_train_the_same_rows_at_one_and_two_workers(shards):
     cfg, _ = shards
-    train, _, _ = build_datasets(cfg)
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
 
     def per_step(world: int) -> dict[int, list[int]]:
         steps: dict[int, list[int]] = {}
@@ -100,7 +100,7 @@ def test_the_same_steps_train_the_same_rows_at_one_and_two_workers(shards):
 
 def test_a_resumed_epoch_continues_with_exactly_the_rows_left(shards):
     cfg, _ = shards
-    train, _, _ = build_datasets(cfg)
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     order, whole = _batches(train, 1, 1, 2)
     start = order.plan.step_start(3)
     resumed = _batches(train, 1, 1, 2, start=start)[1]
@@ -109,7 +109,7 @@ def test_a_resumed_epoch_continues_with_exactly_the_rows_left(shards):
 
 def test_each_rank_reads_only_its_lanes_groups_each_once_and_holds_few(shards, monkeypatch):
     cfg, _ = shards
-    train, _, _ = build_datasets(cfg)
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     reads: Counter = Counter()
     held = []
     real_read = SplitLayout.read
@@ -162,7 +162,7 @@ def test_a_stream_plans_as_it_goes_and_drops_what_its_look_ahead_no_longer_needs
 
 def test_evaluation_shards_are_contiguous_and_cover_every_row_once(shards):
     cfg, labels = shards
-    _, val, _ = build_datasets(cfg)
+    _, val, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     rows = []
     for rank in range(3):
         sampler = StreamedShard(val, rank, 3)
@@ -176,8 +176,8 @@ def test_evaluation_shards_are_contiguous_and_cover_every_row_once(shards):
 def test_a_subset_is_whole_row_groups_and_seeded(shards):
     cfg, _ = shards
     cfg = dataclasses.replace(cfg, train_samples=70)
-    train, _, info = build_datasets(cfg)
-    again, _, _ = build_datasets(cfg)
+    train, _, info = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
+    again, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert len(train) == 70 == info.train_size
     assert [p.group for p in train.pieces] == [p.group for p in again.pieces]
     assert [p.rows for p in train.pieces][:-1] == [16] * (len(train.pieces) - 1)
@@ -186,12 +186,14 @@ def test_a_subset_is_whole_row_groups_and_seeded(shards):
 
 def test_memory_mode_reads_the_same_rows(shards):
     cfg, labels = shards
-    memory, _, _ = build_datasets(dataclasses.replace(cfg, parquet_read="memory"))
-    streamed, _, _ = build_datasets(cfg)
+    memory, _, _ = build_datasets(
+        dataclasses.replace(cfg.data, parquet_read="memory"), cfg.target, cfg.optim.seed
+    )
+    streamed, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     assert len(memory) == len(streamed) == 300
     for index in (0, 99, 100, 299):
         assert memory[index][0].equal(streamed[index][0])
-    assert describe_dataset(cfg).num_classes == 3
+    assert describe_dataset(cfg.data, cfg.target).num_classes == 3
 
 
 def held_bound(workers: int, micro: int, buffer: int, group_rows: int, batch: int) -> int:

@@ -204,8 +204,9 @@ CPU_TYPES = [Nodes({"CPU": 8.0}, 4)]
 
 
 def _choose(view, capsys, address=None, **fields):
-    cfg = choose_workers(TrainConfig(address=address, **fields), view)
-    return (cfg.scaling.use_gpu, cfg.scaling.num_workers), capsys.readouterr().out.strip()
+    cfg = TrainConfig(address=address, **fields)
+    scaling = choose_workers(cfg.scaling, cfg.optim.amp, view)
+    return (scaling.use_gpu, scaling.num_workers), capsys.readouterr().out.strip()
 
 
 def test_auto_means_gpu_workers_where_gpus_are_up_or_can_be_started(capsys, monkeypatch):
@@ -216,9 +217,9 @@ def test_auto_means_gpu_workers_where_gpus_are_up_or_can_be_started(capsys, monk
     scaling = ClusterView([HEAD], GPU_TYPES, 4)
     assert _choose(scaling, capsys, num_workers=8) == ((True, 8), "")
     with pytest.raises(ConfigError, match="^GPU workers on a cluster with no GPUs up yet: give"):
-        choose_workers(TrainConfig(), scaling)
+        choose_workers(TrainConfig().scaling, "off", scaling)
     with pytest.raises(ConfigError, match="^GPU workers on a cluster with no GPUs up yet"):
-        choose_workers(TrainConfig(use_gpu=True), scaling)
+        choose_workers(TrainConfig(use_gpu=True).scaling, "off", scaling)
     assert _choose(scaling, capsys, use_gpu=False) == ((False, 2), "")  # --no-gpu decides
 
 
@@ -240,22 +241,22 @@ def test_auto_without_gpus_is_cpu_and_says_so_on_a_cluster(capsys, monkeypatch):
 
 def test_use_gpu_without_gpus_says_how_to_get_them(capsys):
     with pytest.raises(ConfigError) as info:
-        choose_workers(TrainConfig(use_gpu=True), ClusterView([HEAD]))
+        choose_workers(TrainConfig(use_gpu=True).scaling, "off", ClusterView([HEAD]))
     assert str(info.value) == (
         "--use-gpu was given but the Ray cluster has no GPUs; use --no-gpu, or give "
         "--num-workers N and --wait-for-resources SECONDS to ask an autoscaling cluster for "
         "GPU nodes"
     )
     with pytest.raises(ConfigError, match="nor a node type its autoscaler may start"):
-        choose_workers(TrainConfig(use_gpu=True), ClusterView([HEAD], CPU_TYPES))
+        choose_workers(TrainConfig(use_gpu=True).scaling, "off", ClusterView([HEAD], CPU_TYPES))
     with pytest.raises(ConfigError, match="^--amp fp16 needs GPU workers"):
-        choose_workers(TrainConfig(amp="fp16"), ClusterView([HEAD]))
+        choose_workers(TrainConfig().scaling, "fp16", ClusterView([HEAD]))
 
 
 def _refusal(view, **fields) -> str:
     cfg = TrainConfig(**fields)
     with pytest.raises(ConfigError) as info:
-        wait_for_nodes(cfg, view)  # refused before any Ray call
+        wait_for_nodes(cfg.scaling, view)  # refused before any Ray call
     return str(info.value)
 
 

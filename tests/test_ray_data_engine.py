@@ -103,15 +103,16 @@ def test_a_tests_sample_ledger_is_refused_before_any_cluster_work(tmp_path):
 def test_workers_must_leave_cpus_for_ray_data():
     cfg = ray_cfg("/data", cpus_per_worker=1.0)
     with pytest.raises(ConfigError, match="use --cpus-per-worker 0.5 to leave one"):
-        data_task_cpus(cfg, ClusterView(up=[{"CPU": 2.0}]))
-    assert data_task_cpus(cfg, ClusterView(up=[{"CPU": 4.0}])) == 1.0
-    assert data_task_cpus(ray_cfg("/data"), ClusterView(up=[{"CPU": 2.0}])) == 1.0
-    assert data_task_cpus(ray_cfg("/data", cpus_per_worker=0.75), ClusterView([{"CPU": 2}])) == 0.5
+        data_task_cpus(cfg.scaling, ClusterView(up=[{"CPU": 2.0}]))
+    assert data_task_cpus(cfg.scaling, ClusterView(up=[{"CPU": 4.0}])) == 1.0
+    assert data_task_cpus(ray_cfg("/data").scaling, ClusterView(up=[{"CPU": 2.0}])) == 1.0
+    thin = ray_cfg("/data", cpus_per_worker=0.75).scaling
+    assert data_task_cpus(thin, ClusterView([{"CPU": 2}])) == 0.5
     # An autoscaler that can add nodes: asked for them rather than refused.
     from ray_ddp.cluster.placement import Nodes
 
     view = ClusterView(up=[{"CPU": 2.0}], node_types=[Nodes({"CPU": 8.0})])
-    assert data_task_cpus(cfg, view) == 1.0
+    assert data_task_cpus(cfg.scaling, view) == 1.0
 
 
 def test_decoding_skips_and_names_unreadable_rows(tmp_path):
@@ -119,11 +120,11 @@ def test_decoding_skips_and_names_unreadable_rows(tmp_path):
     named ``<file> row <n>`` with their row number in the split."""
     write_parquet_split(str(tmp_path), 90, {3: b"garbage", 50: b"\x89PNG\r\n\x1a\n..."}, seed=1)
     cfg = ray_cfg(str(tmp_path))
-    items, layout = split_items(cfg, "train")
+    items, layout = split_items(cfg.data, "train")
     reported = []
     decode = Decode(
-        layout, cfg, "train", lambda *a: reported.append(a), image_decoder,
-        has_random_transform(cfg),
+        layout, cfg.data, cfg.target, "train", lambda *a: reported.append(a), image_decoder,
+        has_random_transform(cfg.data),
     )  # fmt: skip
     pieces = np.array([item["piece"] for item in items])
     out = list(decode({"piece": pieces}))
@@ -213,12 +214,21 @@ def test_an_imagefolder_stream_gives_each_rank_an_equal_share_once(ray_session, 
         str(tmp_path), dataset="imagefolder", augment="none", name="folder",
         storage_path=str(tmp_path / "runs"),
     )  # fmt: skip
-    augmented = has_random_transform(cfg)
+    augmented = has_random_transform(cfg.data)
     datasets = {
-        split: SplitBuilder(cfg, split, 1.0, image_decoder, augmented)()
+        split: SplitBuilder(
+            cfg.data,
+            cfg.target,
+            split,
+            1.0,
+            image_decoder,
+            augmented,
+            seed=cfg.optim.seed,
+            run_dir=cfg.checkpointing.run_dir,
+        )()
         for split in ("train", "val")
     }
-    actor = unreadable_actor(cfg)
+    actor = unreadable_actor(cfg.checkpointing.run_dir)
     take = lambda split: ray_session.get(actor.take.remote(split))  # noqa: E731
     train = Splits().configure({"train": datasets["train"]}, 2, None, None)
     orders = [

@@ -137,8 +137,8 @@ def test_run_record_on_s3_refuses_another_config(s3):
     cfg = TrainConfig(storage_path=f"s3://{BUCKET}/records", name="run", lr=0.5)
     check_rerun(cfg)  # nothing recorded yet
     write_record(cfg)
-    assert record_path(cfg) == f"s3://{BUCKET}/records/run/ray_ddp_config.json"
-    assert json.loads(storage.read_text(record_path(cfg)))["lr"] == 0.5
+    assert record_path(cfg.checkpointing) == f"s3://{BUCKET}/records/run/ray_ddp_config.json"
+    assert json.loads(storage.read_text(record_path(cfg.checkpointing)))["lr"] == 0.5
     check_rerun(cfg.replace(epochs=20))  # extending it is fine
     with pytest.raises(ConfigError, match=r"exists with another config \(--lr 0.5 -> 0.1\)"):
         check_rerun(cfg.replace(lr=0.1))
@@ -252,12 +252,12 @@ def test_a_local_resume_from_is_shared_through_the_run_storage_on_a_cluster(s3, 
     _fake_checkpoint(tmp_path / "checkpoint_7")
     cfg = TrainConfig(resume_from=str(tmp_path / "checkpoint_7"))
     run_dir = f"s3://{BUCKET}/shared/run"
-    assert shared_resume_from(cfg, run_dir, nodes=1) == cfg
-    shared = shared_resume_from(cfg, run_dir, nodes=3).checkpointing.resume_from
+    assert shared_resume_from(cfg.checkpointing, run_dir, nodes=1) == cfg.checkpointing
+    shared = shared_resume_from(cfg.checkpointing, run_dir, nodes=3).resume_from
     assert shared == f"{run_dir}/resume_from/checkpoint_7"
     assert load_checkpoint_state(shared)["marker"] == 7
     uri = cfg.replace(resume_from=shared)
-    assert shared_resume_from(uri, run_dir, nodes=3) == uri  # a URI is already shared
+    assert shared_resume_from(uri.checkpointing, run_dir, nodes=3) == uri.checkpointing  # shared
 
 
 def test_predictions_are_written_to_a_uri(s3):

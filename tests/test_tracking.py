@@ -55,15 +55,15 @@ def test_profile_steps_must_lie_within_the_run():
     # 512 samples in global batches of 64: 8 steps an epoch, 16 in 2 epochs.
     cfg = TrainConfig(profile_steps="15-17", num_workers=2, batch_size=32, epochs=2)
     with pytest.raises(ConfigError, match=r"the run has 16 optimizer steps \(2 epochs\)"):
-        check_profile_steps(cfg, 512)
-    check_profile_steps(TrainConfig(profile_steps="15-16", num_workers=2, batch_size=32,
-                                    epochs=2), 512)  # fmt: skip
+        check_profile_steps(cfg.logging, cfg.optim, cfg.scaling, 512)
+    fits = TrainConfig(profile_steps="15-16", num_workers=2, batch_size=32, epochs=2)
+    check_profile_steps(fits.logging, fits.optim, fits.scaling, 512)
 
 
 def test_a_tracker_that_is_not_installed_is_one_line_before_any_cluster_work(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "wandb", None)  # what Python does for a blocked import
     with pytest.raises(ConfigError, match=r"needs the wandb package.*pip install -e '.\[wandb\]'"):
-        check_tracking(TrainConfig(tracking="wandb"))
+        check_tracking(TrainConfig(tracking="wandb").logging)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert train_main(["--tracking", "mlflow", "--epochs", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

@@ -175,7 +175,7 @@ def test_checkpoint_loads_into_a_plain_model_and_distributed_eval_is_exact(first
     assert (
         type(model) is type(build_model(cfg.target.model, (3, 16, 16), 10)) and not model.training
     )
-    _, val, _ = build_datasets(cfg)
+    _, val, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     loader = torch.utils.data.DataLoader(val, batch_size=50)
     single = evaluate(model, loader, torch.device("cpu"), ImageClassification())
     final = summary["final"]

@@ -54,7 +54,8 @@ def test_every_policy_builds_keeps_the_shape_and_is_deterministic_per_seed(
     policy, dataset, model, mode, size, shape
 ):
     stats = MNIST_STATS if dataset == "mnist" else GENERIC_STATS
-    train = image_transform(_cfg(policy, dataset, model=model), stats, train=True)
+    cfg = _cfg(policy, dataset, model=model)
+    train = image_transform(cfg.data, cfg.target, stats, train=True)
     image = _image(mode, size)
     outputs = []
     for seed in range(8):
@@ -66,7 +67,7 @@ def test_every_policy_builds_keeps_the_shape_and_is_deterministic_per_seed(
         outputs.append(first)
     distinct = {o.numpy().tobytes() for o in outputs}
     if policy == "none":
-        evaluation = image_transform(_cfg(policy, dataset, model=model), stats, train=False)
+        evaluation = image_transform(cfg.data, cfg.target, stats, train=False)
         assert len(distinct) == 1 and torch.equal(outputs[0], evaluation(image))
     else:
         assert len(distinct) > 1, "another seed, another augmentation"
@@ -78,19 +79,19 @@ def test_has_random_transform_is_true_exactly_when_the_policy_draws_from_torch(p
     them from torch's global RNG (the one it seeds per sample), and only such a policy
     makes ``has_random_transform`` true."""
     cfg = _cfg(policy)
-    train = image_transform(cfg, train=True)
+    train = image_transform(cfg.data, cfg.target, train=True)
     image = _image("RGB", 20)
     for seed in range(5):
         torch.manual_seed(seed)
         before = torch.get_rng_state()
         train(image)
-        assert (not torch.equal(before, torch.get_rng_state())) == has_random_transform(cfg)
+        assert (not torch.equal(before, torch.get_rng_state())) == has_random_transform(cfg.data)
     assert (augmentation(policy) == []) == (policy == "none")
 
 
 def test_no_random_transform_without_images():
     for cfg in (TrainConfig(), _cfg(None, "parquet", feature_column="features")):
-        assert augment_policy(cfg) == "none" and not has_random_transform(cfg)
+        assert augment_policy(cfg.data) == "none" and not has_random_transform(cfg.data)
 
 
 def test_each_dataset_default_and_the_help_text_that_states_it():
@@ -102,13 +103,13 @@ def test_each_dataset_default_and_the_help_text_that_states_it():
         "imagefolder": "crop-flip",
         "parquet": "none",
     }
-    assert {d: augment_policy(_cfg(None, d)) for d in DATASETS} == expected
-    assert {d: has_random_transform(_cfg(None, d)) for d in DATASETS} == {
+    assert {d: augment_policy(_cfg(None, d).data) for d in DATASETS} == expected
+    assert {d: has_random_transform(_cfg(None, d).data) for d in DATASETS} == {
         d: p != "none" for d, p in expected.items()
     }
     # An explicit choice wins over the default, both ways.
-    assert augment_policy(_cfg("none", "cifar10")) == "none"
-    assert augment_policy(_cfg("crop", "mnist")) == "crop"
+    assert augment_policy(_cfg("none", "cifar10").data) == "none"
+    assert augment_policy(_cfg("crop", "mnist").data) == "crop"
     # --help says the same as DEFAULT_AUGMENT.
     doc = " ".join(field_docs(TrainConfig)["augment"].split())
     flipped = sorted(d for d in DEFAULT_AUGMENT if DEFAULT_AUGMENT[d] == "crop-flip")
@@ -156,12 +157,12 @@ def test_the_real_reader_with_the_real_seeded_sampler(tmp_path):
     ``--augment none`` the training split is exactly the evaluation transform's."""
     write_imagefolder(str(tmp_path))
     cfg = TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), augment="trivialaugment")
-    train, _, _ = build_datasets(cfg)
+    train, _, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
     seeded = SeededSamples(train, seed=7)
     assert torch.equal(seeded[(2, 5)][0], seeded[(2, 5)][0])
     assert not all(torch.equal(seeded[(2, i)][0], seeded[(3, i)][0]) for i in range(6))
-    plain, _, _ = build_datasets(TrainConfig(dataset="imagefolder", data_dir=str(tmp_path)), False)
-    none, _, _ = build_datasets(
-        TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), augment="none")
-    )
+    plain_cfg = TrainConfig(dataset="imagefolder", data_dir=str(tmp_path))
+    plain, _, _ = build_datasets(plain_cfg.data, plain_cfg.target, plain_cfg.optim.seed, False)
+    none_cfg = TrainConfig(dataset="imagefolder", data_dir=str(tmp_path), augment="none")
+    none, _, _ = build_datasets(none_cfg.data, none_cfg.target, none_cfg.optim.seed)
     assert all(torch.equal(none[i][0], plain[i][0]) for i in range(len(plain)))

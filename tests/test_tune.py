@@ -25,18 +25,18 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_concurrency_is_derived_from_the_cluster():
     cfg = TrainConfig(num_workers=2, cpus_per_worker=1.0, use_gpu=False)
     sweep = SweepConfig(num_samples=8)
-    assert plan_concurrency(cfg, sweep, {"CPU": 16}) == 7  # 16 // 2.1
-    assert plan_concurrency(cfg, SweepConfig(num_samples=3), {"CPU": 16}) == 3
-    assert plan_concurrency(cfg, SweepConfig(max_concurrent_trials=2), {"CPU": 16}) == 2
+    assert plan_concurrency(cfg.scaling, sweep, {"CPU": 16}) == 7  # 16 // 2.1
+    assert plan_concurrency(cfg.scaling, SweepConfig(num_samples=3), {"CPU": 16}) == 3
+    assert plan_concurrency(cfg.scaling, SweepConfig(max_concurrent_trials=2), {"CPU": 16}) == 2
     gpu = TrainConfig(num_workers=4, cpus_per_worker=1.0, use_gpu=True)
-    assert plan_concurrency(gpu, sweep, {"CPU": 64, "GPU": 8}) == 2
+    assert plan_concurrency(gpu.scaling, sweep, {"CPU": 64, "GPU": 8}) == 2
     # A custom resource per worker counts like the GPUs: 5 slots hold 2 trials of 2 workers.
     slots = cfg.replace(resources_per_worker={"trainer_slot": 1.0})
-    assert plan_concurrency(slots, sweep, {"CPU": 16, "trainer_slot": 5}) == 2
+    assert plan_concurrency(slots.scaling, sweep, {"CPU": 16, "trainer_slot": 5}) == 2
     with pytest.raises(ConfigError, match="needs 2 trainer_slot .* the cluster has 1"):
-        plan_concurrency(slots, sweep, {"CPU": 16, "trainer_slot": 1})
+        plan_concurrency(slots.scaling, sweep, {"CPU": 16, "trainer_slot": 1})
     with pytest.raises(ConfigError, match="one trial needs 2.1 CPUs .* the cluster has 2 CPUs"):
-        plan_concurrency(cfg, sweep, {"CPU": 2})
+        plan_concurrency(cfg.scaling, sweep, {"CPU": 2})
 
 
 def test_scale_lr_follows_the_global_batch():

@@ -22,9 +22,9 @@ def test_num_workers_min_max_makes_an_elastic_config():
     assert (cfg.scaling.min_workers, cfg.scaling.num_workers) == (2, 4)
     assert cfg.scaling.elastic and cfg.scaling.worker_range == (2, 4)
     validate(cfg)  # 4 x 3 = 12 micro-batches per step: 2, 3 and 4 workers divide it
-    assert scaling_workers(cfg) == (2, 4)
+    assert scaling_workers(cfg.scaling) == (2, 4)
     fixed = _parsed("--num-workers", "3")
-    assert not fixed.scaling.elastic and scaling_workers(fixed) == 3
+    assert not fixed.scaling.elastic and scaling_workers(fixed.scaling) == 3
     assert not _parsed("--num-workers", "2-2").scaling.elastic
 
 
@@ -76,14 +76,15 @@ def test_a_range_whose_counts_split_well_enough_is_accepted():
 SAVED = TrainConfig(num_workers=2, batch_size=32, accum_steps=2).to_dict()  # global 128
 
 
+def _kept(cfg: TrainConfig, saved, what: str) -> TrainConfig:
+    """``cfg`` with the optimisation ``keep_global_batch`` keeps (as the driver puts it)."""
+    return cfg.replace(optim=keep_global_batch(cfg.scaling, cfg.optim, saved, what))
+
+
 def test_a_rerun_on_fewer_or_more_workers_keeps_the_global_batch(capsys):
-    fewer = keep_global_batch(
-        TrainConfig(num_workers=1, batch_size=32, accum_steps=2), SAVED, "run r"
-    )
+    fewer = _kept(TrainConfig(num_workers=1, batch_size=32, accum_steps=2), SAVED, "run r")
     assert (fewer.optim.accum_steps, fewer.global_batch_size) == (4, 128)
-    more = keep_global_batch(
-        TrainConfig(num_workers=4, batch_size=32, accum_steps=2), SAVED, "run r"
-    )
+    more = _kept(TrainConfig(num_workers=4, batch_size=32, accum_steps=2), SAVED, "run r")
     assert (more.optim.accum_steps, more.global_batch_size) == (1, 128)
     out = capsys.readouterr().out
     assert "run r continues on 1 worker: accumulation 2 -> 4 keeps its global batch of 128" in out
@@ -94,7 +95,7 @@ def test_a_count_that_cannot_make_the_global_batch_is_refused():
     with pytest.raises(
         ConfigError, match="which 3 workers of --batch-size 32 cannot make: use 1, 2, 4 workers"
     ):
-        keep_global_batch(TrainConfig(num_workers=3, batch_size=32, accum_steps=2), SAVED, "run r")
+        _kept(TrainConfig(num_workers=3, batch_size=32, accum_steps=2), SAVED, "run r")
 
 
 def test_a_changed_batch_is_left_to_the_rerun_guard():
@@ -105,7 +106,7 @@ def test_a_changed_batch_is_left_to_the_rerun_guard():
         TrainConfig(num_workers=1, batch_size=32, accum_steps=8),
         TrainConfig(num_workers=2, batch_size=32, accum_steps=2),  # nothing changed
     ):
-        assert keep_global_batch(cfg, SAVED, "run r") == cfg
+        assert _kept(cfg, SAVED, "run r") == cfg
 
 
 def test_an_elastic_run_retries_without_limit_unless_told_and_sweeps_refuse_it(capsys):

@@ -30,6 +30,7 @@ import torch
 from ray_ddp.io.storage import atomic_path, is_uri, local_copy
 
 if TYPE_CHECKING:
+    from ray_ddp.config import TrainConfig
     from ray_ddp.task.interface import Task
     from ray_ddp.worker.state import EpochSums, TrainState
 
@@ -364,7 +365,7 @@ def full_model_state(
     return gathered
 
 
-def saved_config(state: dict[str, Any]) -> Any:
+def saved_config(state: dict[str, Any]) -> TrainConfig:
     """The TrainConfig a checkpoint was trained with (fields unknown to this version are
     dropped: a checkpoint of an older or newer ray_ddp still loads)."""
     from ray_ddp.config import TrainConfig

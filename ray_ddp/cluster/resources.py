@@ -27,7 +27,8 @@ from ray_ddp.cluster.placement import (
 )
 from ray_ddp.compat.autoscaler import asking_for
 from ray_ddp.compat.cluster_state import free_resources_per_node
-from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config import ConfigError
+from ray_ddp.config.sections import Scaling
 
 DEFAULT_CPU_WORKERS = 2
 RESOURCE_POLL_S = 2.0
@@ -41,15 +42,15 @@ PROGRESS_EVERY_S = 10.0  # a waiting driver's progress lines, not one per poll
 REQUEST_GRACE_S = 60.0
 
 
-def worker_resources(cfg: TrainConfig) -> dict[str, float]:
+def worker_resources(scaling: Scaling) -> dict[str, float]:
     """One worker's resources for Ray Train's ``ScalingConfig(resources_per_worker=...)``:
     its CPUs and the extra resources asked for (the GPU comes from ``use_gpu``)."""
-    return {"CPU": cfg.scaling.cpus_per_worker, **(cfg.scaling.resources_per_worker or {})}
+    return {"CPU": scaling.cpus_per_worker, **(scaling.resources_per_worker or {})}
 
 
-def worker_bundle(cfg: TrainConfig) -> dict[str, float]:
+def worker_bundle(scaling: Scaling) -> dict[str, float]:
     """Everything one worker holds on its node, the GPU included."""
-    return {**worker_resources(cfg), **({"GPU": 1.0} if cfg.scaling.use_gpu else {})}
+    return {**worker_resources(scaling), **({"GPU": 1.0} if scaling.use_gpu else {})}
 
 
 @dataclass(frozen=True)
@@ -86,35 +87,36 @@ def nodes_up() -> list[dict[str, float]]:
     return [dict(node["Resources"]) for node in ray.nodes() if node["Alive"]]
 
 
-def resolve_scaling(cfg: TrainConfig) -> TrainConfig:
-    """Fill in num_workers and use_gpu from the cluster, refuse what cannot be placed, and
-    wait (a bounded time) for the nodes of what can."""
+def resolve_scaling(scaling: Scaling, amp: str) -> Scaling:
+    """``scaling`` with num_workers and use_gpu filled in from the cluster (``amp``: the
+    run's ``--amp``, which decides whether CPU workers can run it); refuses what cannot be
+    placed, and waits (a bounded time) for the nodes of what can."""
     view = read_cluster()
-    cfg = choose_workers(cfg, view)
+    scaling = choose_workers(scaling, amp, view)
     # An elastic run needs its MIN workers to start; Ray Train starts it on as many as
     # fit, up to MAX, and asks an autoscaler for the rest.
-    needed = cfg.replace(num_workers=cfg.scaling.worker_range[0])
+    needed = dataclasses.replace(scaling, num_workers=scaling.worker_range[0])
     wait_for_nodes(needed, view)
     wait_until_free(needed)
-    return cfg
+    return scaling
 
 
-def _joined_cluster(cfg: TrainConfig) -> bool:
-    return bool(cfg.scaling.address or os.environ.get("RAY_ADDRESS"))
+def _joined_cluster(scaling: Scaling) -> bool:
+    return bool(scaling.address or os.environ.get("RAY_ADDRESS"))
 
 
-def choose_workers(cfg: TrainConfig, view: ClusterView) -> TrainConfig:
+def choose_workers(scaling: Scaling, amp: str, view: ClusterView) -> Scaling:
     """The GPU rule and the worker count. ``--use-gpu``/``--no-gpu`` decide. Auto: GPU
     workers if GPUs are up or the cluster's autoscaler has a node type with GPUs; else CPU
     workers, said in one line on a cluster joined by address (never a silent CPU run
-    where GPU nodes could be had)."""
+    where GPU nodes could be had). ``amp``: the run's ``--amp`` (fp16 needs GPUs)."""
     gpus = int(view.total("GPU"))
-    use_gpu = cfg.scaling.use_gpu if cfg.scaling.use_gpu is not None else gpus > 0 or view.gpu_types
-    if cfg.optim.amp == "fp16" and not use_gpu:
+    use_gpu = scaling.use_gpu if scaling.use_gpu is not None else gpus > 0 or view.gpu_types
+    if amp == "fp16" and not use_gpu:
         raise ConfigError("--amp fp16 needs GPU workers; use --amp bf16 or --amp off on CPU")
-    if cfg.scaling.use_gpu is None and not use_gpu and _joined_cluster(cfg):
+    if scaling.use_gpu is None and not use_gpu and _joined_cluster(scaling):
         print(f"CPU workers: {_why_no_gpus(view)}", flush=True)
-    if not cfg.scaling.num_workers and use_gpu and gpus == 0:
+    if not scaling.num_workers and use_gpu and gpus == 0:
         if view.gpu_types:  # GPU nodes can be had, but how many workers is not known
             raise ConfigError(
                 "GPU workers on a cluster with no GPUs up yet: give --num-workers N (one per "
@@ -122,8 +124,8 @@ def choose_workers(cfg: TrainConfig, view: ClusterView) -> TrainConfig:
                 "nodes (or --no-gpu)"
             )
         raise ConfigError(_no_gpus(view, count_given=False))
-    num_workers = cfg.scaling.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
-    return cfg.replace(num_workers=num_workers, use_gpu=use_gpu)
+    num_workers = scaling.num_workers or (gpus if use_gpu else DEFAULT_CPU_WORKERS)
+    return dataclasses.replace(scaling, num_workers=num_workers, use_gpu=use_gpu)
 
 
 def _why_no_gpus(view: ClusterView) -> str:
@@ -151,7 +153,7 @@ def _no_gpus(view: ClusterView, count_given: bool = True) -> str:
     )
 
 
-def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
+def wait_for_nodes(scaling: Scaling, view: ClusterView) -> None:
     """Return once the nodes up can hold the workers, counted node by node. A request no
     arrangement can hold (the nodes up, plus the node types the autoscaler may start,
     when known) is refused at once; otherwise, with ``--wait-for-resources``, the
@@ -159,9 +161,9 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
     where none runs) and the wait prints a progress line every ~10 s. The request is
     withdrawn however the wait ends, so the cluster can scale back down; the Train
     controller then asks for the same workers itself."""
-    n, bundle = cfg.scaling.num_workers, worker_bundle(cfg)
+    n, bundle = scaling.num_workers, worker_bundle(scaling)
     assert n is not None
-    missing = _shortage(cfg, bundle, view)
+    missing = _shortage(scaling, bundle, view)
     if missing is None:
         return
     known = view.node_types is not None  # an autoscaler whose node types we see
@@ -169,14 +171,14 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
         never = unplaceable(bundle, n, view.up, view.node_types, view.max_nodes)
         if never:
             raise ConfigError(never)
-    if not cfg.scaling.wait_for_resources:
+    if not scaling.wait_for_resources:
         hint = (
             "; the cluster's autoscaler can add nodes: --wait-for-resources SECONDS asks "
             "it for them and waits"
         )
         raise ConfigError(missing + (hint if known else ""))
 
-    wait = f"{cfg.scaling.wait_for_resources:g} s"
+    wait = f"{scaling.wait_for_resources:g} s"
     print(
         f"{missing}; asking the autoscaler for them; waiting up to {wait} for nodes"
         if known
@@ -184,16 +186,16 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
         flush=True,
     )
     started = time.monotonic()
-    deadline, next_line = started + cfg.scaling.wait_for_resources, started + PROGRESS_EVERY_S
-    with asking_for([bundle] * n, cfg.scaling.wait_for_resources + REQUEST_GRACE_S):
+    deadline, next_line = started + scaling.wait_for_resources, started + PROGRESS_EVERY_S
+    with asking_for([bundle] * n, scaling.wait_for_resources + REQUEST_GRACE_S):
         while True:
             time.sleep(max(0.0, min(RESOURCE_POLL_S, deadline - time.monotonic())))
             view = dataclasses.replace(view, up=nodes_up())
-            missing = _shortage(cfg, bundle, view)
+            missing = _shortage(scaling, bundle, view)
             now = time.monotonic()
             if missing is None:
                 fit = "fit" if n != 1 else "fits"
-                print(f"{workers_text(n, bool(cfg.scaling.use_gpu))} {fit} on the nodes up after "
+                print(f"{workers_text(n, bool(scaling.use_gpu))} {fit} on the nodes up after "
                       f"{now - started:.0f} s", flush=True)  # fmt: skip
                 return
             if now >= deadline:
@@ -203,17 +205,17 @@ def wait_for_nodes(cfg: TrainConfig, view: ClusterView) -> None:
                 )
             if now >= next_line:
                 up = capacity(bundle, [Nodes(node) for node in view.up])
-                print(progress_line(n, up, deadline - now, bool(cfg.scaling.use_gpu)), flush=True)
+                print(progress_line(n, up, deadline - now, bool(scaling.use_gpu)), flush=True)
                 next_line += PROGRESS_EVERY_S
 
 
-def _shortage(cfg: TrainConfig, bundle: dict[str, float], view: ClusterView) -> str | None:
+def _shortage(scaling: Scaling, bundle: dict[str, float], view: ClusterView) -> str | None:
     """What keeps the workers off the nodes up, as a message; None if they fit.
 
     On a cluster whose autoscaler's node types are known: node by node, with the figures
     of the nodes up. Otherwise the cluster's totals first (the clearest figures), then
     node by node."""
-    n = cfg.scaling.num_workers
+    n = scaling.num_workers
     assert n is not None
     fit = capacity(bundle, [Nodes(node) for node in view.up])
     if fit >= n:
@@ -223,17 +225,17 @@ def _shortage(cfg: TrainConfig, bundle: dict[str, float], view: ClusterView) -> 
             f"{workers_text(n)} x ({worker_text(bundle)}) do not fit on the nodes up: "
             f"{fit} of {n} fit ({nodes_text(bundle, view.up)})"
         )
-    if cfg.scaling.use_gpu and view.total("GPU") == 0:
+    if scaling.use_gpu and view.total("GPU") == 0:
         return _no_gpus(view)
     for name, each in bundle.items():
         have = view.total(name)
         if n * each > have + 1e-9:
-            return _total_short(cfg, name, each, have)
+            return _total_short(scaling, name, each, have)
     return unplaceable(bundle, n, view.up)
 
 
-def _total_short(cfg: TrainConfig, name: str, each: float, have: float) -> str:
-    n = cfg.scaling.num_workers
+def _total_short(scaling: Scaling, name: str, each: float, have: float) -> str:
+    n = scaling.num_workers
     assert n is not None
     if name == "GPU":
         return f"{n} GPU workers asked, the Ray cluster has {have:g} GPUs; lower --num-workers"
@@ -246,12 +248,12 @@ def _total_short(cfg: TrainConfig, name: str, each: float, have: float) -> str:
     )
 
 
-def wait_until_free(cfg: TrainConfig) -> None:
+def wait_until_free(scaling: Scaling) -> None:
     """The nodes can hold the workers; wait (up to max(30 s, --wait-for-resources)) until
     what is free on them does, node by node: another job may hold some of it."""
-    n, bundle = cfg.scaling.num_workers, worker_bundle(cfg)
+    n, bundle = scaling.num_workers, worker_bundle(scaling)
     assert n is not None
-    deadline = time.monotonic() + max(30.0, cfg.scaling.wait_for_resources)
+    deadline = time.monotonic() + max(30.0, scaling.wait_for_resources)
     while (free := _free_capacity(bundle)) < n:
         if time.monotonic() >= deadline:
             raise ConfigError(
@@ -270,15 +272,15 @@ MIN_TASK_CPUS = 0.25
 with; with less left by the workers the run is refused (Ray Data would wait forever)."""
 
 
-def data_task_cpus(cfg: TrainConfig, view: ClusterView | None = None) -> float:
+def data_task_cpus(scaling: Scaling, view: ClusterView | None = None) -> float:
     """The CPUs each of Ray Data's read-and-decode tasks asks for: 1, or what the workers
     leave of the cluster's CPUs where that is less. Refuses (ConfigError) a run whose
     workers leave less than ``MIN_TASK_CPUS``: Ray Data would wait for CPUs forever. On a
     cluster whose autoscaler can add nodes, says so and asks for 1."""
     if view is None:
         view = read_cluster()
-    workers = cfg.scaling.num_workers or 0
-    held = workers * cfg.scaling.cpus_per_worker
+    workers = scaling.num_workers or 0
+    held = workers * scaling.cpus_per_worker
     left = view.total("CPU") - held
     if left >= 1:
         return 1.0
@@ -302,6 +304,6 @@ def data_task_cpus(cfg: TrainConfig, view: ClusterView | None = None) -> float:
     raise ConfigError(
         f"--data-engine ray reads and decodes in Ray tasks, which need CPUs the workers do "
         f"not hold: the cluster has {total:g} CPUs and {workers} workers x "
-        f"{cfg.scaling.cpus_per_worker:g} take {held:g}; use {fix} to leave one for Ray Data, or "
+        f"{scaling.cpus_per_worker:g} take {held:g}; use {fix} to leave one for Ray Data, or "
         "add CPUs"
     )

@@ -219,7 +219,7 @@ def validate(cfg: TrainConfig) -> None:
                 "builds its own data and model (give it settings in the task itself)"
             )
     if cfg.scaling.min_workers is not None:
-        check_worker_range(cfg)
+        check_worker_range(cfg.scaling, cfg.optim)
     if cfg.scaling.resources_per_worker is not None:
         problem = resources_problem(cfg.scaling.resources_per_worker)
         if problem:
@@ -252,7 +252,7 @@ def validate(cfg: TrainConfig) -> None:
     ):
         what = "a --feature-column" if cfg.data.feature_column else "the built-in dataset"
         raise ConfigError(f"--augment {cfg.data.augment} needs images; {what} takes --augment none")
-    problem = tracking_problem(cfg) or profile_problem(cfg)
+    problem = tracking_problem(cfg) or profile_problem(cfg.logging, cfg.optim)
     if problem:
         raise ConfigError(problem)
     if cfg.checkpointing.name is not None and (
@@ -292,19 +292,21 @@ def tracking_problem(cfg: TrainConfig) -> str | None:
     return None
 
 
-def profile_problem(cfg: TrainConfig, total_steps: int | None = None) -> str | None:
+def profile_problem(
+    logging: Logging, optim: Optimisation, total_steps: int | None = None
+) -> str | None:
     """What is wrong with ``--profile-steps`` as one line (``total_steps``: the run's
     optimizer steps, once the workers and the data are known); None if nothing."""
-    steps = step_range(cfg.logging.profile_steps)
+    steps = step_range(logging.profile_steps)
     if steps is None:
         return None
     first, last = steps
-    given = f"--profile-steps {cfg.logging.profile_steps}"
+    given = f"--profile-steps {logging.profile_steps}"
     if not 1 <= first <= last:
         return f"{given}: need 1 <= A <= B (optimizer steps, counted from 1)"
-    end = min(total_steps or last, cfg.optim.max_steps or last)
+    end = min(total_steps or last, optim.max_steps or last)
     if last > end:
-        why = "--max-steps" if cfg.optim.max_steps == end else f"{cfg.optim.epochs} epochs"
+        why = "--max-steps" if optim.max_steps == end else f"{optim.epochs} epochs"
         return f"{given}: the run has {end} optimizer steps ({why}); profile steps within it"
     return None
 
@@ -331,15 +333,15 @@ def ray_engine_problem(cfg: TrainConfig) -> str | None:
     return None
 
 
-def check_worker_range(cfg: TrainConfig) -> None:
+def check_worker_range(scaling: Scaling, optim: Optimisation) -> None:
     """An elastic range is refused where some worker count in it cannot keep the global
     batch usefully: more workers than micro-batches per step, or a split that leaves the
     workers idle for more than a quarter of each step (8 micro-batches over 6 workers: 2 on
     ranks 0-1, 1 on the others, 67% busy). The refusal names the smallest --accum-steps
     that keeps every count at least 75% busy."""
 
-    low, high = cfg.scaling.min_workers, cfg.scaling.num_workers
-    batch_size, accum_steps = cfg.optim.batch_size, cfg.optim.accum_steps
+    low, high = scaling.min_workers, scaling.num_workers
+    batch_size, accum_steps = optim.batch_size, optim.accum_steps
     if high is None:
         raise ConfigError("an elastic run needs its MAX workers: --num-workers MIN-MAX")
     if low is None or not 0 < low <= high:

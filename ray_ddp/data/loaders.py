@@ -22,7 +22,7 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ray_ddp.config import BUILTIN_TASK, TrainConfig
+from ray_ddp.config.sections import BUILTIN_TASK, Data, Optimisation, Scaling, Target
 from ray_ddp.data.order.global_order import GlobalOrderBatches
 from ray_ddp.data.order.shards import ShardSampler, StreamedShard
 from ray_ddp.data.order.streamed_batches import StreamedBatches
@@ -61,25 +61,33 @@ class SeededSamples(Dataset):
             cpu.set_state(saved)
 
 
-def loader_workers(cfg: TrainConfig) -> int:
-    if cfg.data.loader_workers is not None:
-        return cfg.data.loader_workers
+def loader_workers(data: Data, target: Target, scaling: Scaling) -> int:
+    if data.loader_workers is not None:
+        return data.loader_workers
     # The built-in dataset is tensors in memory: worker processes would only add IPC.
-    in_memory = cfg.target.task == BUILTIN_TASK and cfg.data.dataset == "synthetic"
-    return 0 if in_memory else min(4, int(cfg.scaling.cpus_per_worker))
+    in_memory = target.task == BUILTIN_TASK and data.dataset == "synthetic"
+    return 0 if in_memory else min(4, int(scaling.cpus_per_worker))
 
 
 def make_loaders(
-    cfg: TrainConfig,
+    optim: Optimisation,
+    data: Data,
+    target: Target,
+    scaling: Scaling,
+    global_batch: int,
     task: Task,
+    augmented: bool,
     train_ds: Dataset,
     val_ds: Dataset,
     rank: int,
     world_size: int,
     device: torch.device,
 ) -> tuple[DataLoader, GlobalOrderBatches, DataLoader]:
-    workers = loader_workers(cfg)
-    pin = cfg.data.pin_memory if cfg.data.pin_memory is not None else device.type == "cuda"
+    """This worker's training loader (the global order of ``global_batch`` samples per
+    optimizer step), its batch sampler, and its evaluation loader. ``augmented``: the
+    task's samples draw random numbers (``Task.random_samples``), so each is seeded."""
+    workers = loader_workers(data, target, scaling)
+    pin = data.pin_memory if data.pin_memory is not None else device.type == "cuda"
     common: dict[str, Any] = {
         "num_workers": workers,
         "pin_memory": pin,
@@ -90,30 +98,29 @@ def make_loaders(
     # The data order follows --seed, changes every epoch, is the same on a re-run, and
     # does not depend on the world size: every optimizer step trains the same samples at
     # any number of workers, and every sample once per epoch (see ray_ddp.data.order.global_order).
-    augmented = task.random_samples(cfg)
     # FSDP2 all-gathers parameters in every forward and backward: every rank must run as
     # many as the others in each step (a short one's are weight-0 fillers).
     order = {
-        "batch_size": cfg.optim.batch_size, "global_batch": cfg.global_batch_size,
-        "seed": cfg.optim.seed,
+        "batch_size": optim.batch_size, "global_batch": global_batch,
+        "seed": optim.seed,
         "rank": rank, "world_size": world_size, "tag_epoch": augmented,
-        "lockstep": cfg.scaling.strategy == "fsdp2",
+        "lockstep": scaling.strategy == "fsdp2",
     }  # fmt: skip
     streamed = streamed_split(train_ds)
     train_batches: StreamedBatches | GlobalOrderBatches
     if streamed is not None:  # a streamed Parquet split: the sampler reads the rows
-        train_batches = StreamedBatches(streamed, buffer=cfg.data.shuffle_buffer, **order)
+        train_batches = StreamedBatches(streamed, buffer=data.shuffle_buffer, **order)
     else:
         train_batches = GlobalOrderBatches(len(train_ds), **order)  # type: ignore[arg-type]
     train_loader = DataLoader(
-        SkipUnreadable(SeededSamples(train_ds, cfg.optim.seed) if augmented else train_ds),
+        SkipUnreadable(SeededSamples(train_ds, optim.seed) if augmented else train_ds),
         batch_sampler=train_batches,
-        generator=torch.Generator().manual_seed(cfg.optim.seed),
+        generator=torch.Generator().manual_seed(optim.seed),
         **common,
     )
     # No activations kept for backward: twice the batch fits.
     val_loader = eval_loader(
-        SkipUnreadable(val_ds), cfg.optim.batch_size * 2, rank, world_size, **common
+        SkipUnreadable(val_ds), optim.batch_size * 2, rank, world_size, **common
     )
     # Both loaders keep their own samplers (Ray would add a DistributedSampler of seed 0).
     train_loader = ray.train.torch.prepare_data_loader(train_loader, add_dist_sampler=False)

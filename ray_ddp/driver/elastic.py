@@ -11,60 +11,61 @@ any cluster work, and the Ray Train settings are built from :func:`scaling_worke
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from ray_ddp.config.batch import saved_global_batch
-from ray_ddp.config.train import ConfigError, TrainConfig, check_worker_range
+from ray_ddp.config.sections import Optimisation, Scaling
+from ray_ddp.config.train import ConfigError, check_worker_range
 
 
-def keep_global_batch(cfg: TrainConfig, saved: dict[str, Any] | None, what: str) -> TrainConfig:
-    """``cfg`` with the accumulation that keeps the global batch of ``saved`` (the config
-    of the run being continued, called ``what`` in messages) when only the number of
-    workers changed; unchanged otherwise (a changed --batch-size or --accum-steps is a
-    change of what is trained, which the re-run guard judges)."""
-    if saved is None or cfg.scaling.num_workers is None:
-        return cfg
+def keep_global_batch(
+    scaling: Scaling, optim: Optimisation, saved: dict[str, Any] | None, what: str
+) -> Optimisation:
+    """``optim`` with the accumulation that keeps the global batch of ``saved`` (the config
+    of the run being continued, called ``what`` in messages) on the workers of ``scaling``,
+    when only the number of workers changed; unchanged otherwise (a changed --batch-size or
+    --accum-steps is a change of what is trained, which the re-run guard judges)."""
+    if saved is None or scaling.num_workers is None:
+        return optim
     batch = saved_global_batch(saved)
     if (
         batch is None
-        or saved.get("num_workers") == cfg.scaling.num_workers
-        or saved.get("batch_size") != cfg.optim.batch_size
-        or saved.get("accum_steps") != cfg.optim.accum_steps
+        or saved.get("num_workers") == scaling.num_workers
+        or saved.get("batch_size") != optim.batch_size
+        or saved.get("accum_steps") != optim.accum_steps
     ):
-        return cfg
-    per_round = cfg.optim.batch_size * cfg.scaling.num_workers
+        return optim
+    per_round = optim.batch_size * scaling.num_workers
     if batch % per_round:
-        counts = [
-            n
-            for n in range(1, batch // cfg.optim.batch_size + 1)
-            if batch % (cfg.optim.batch_size * n) == 0
-        ]
+        most = batch // optim.batch_size
+        counts = [n for n in range(1, most + 1) if batch % (optim.batch_size * n) == 0]
         raise ConfigError(
-            f"{what} trains with a global batch of {batch} ({cfg.optim.batch_size} x "
+            f"{what} trains with a global batch of {batch} ({optim.batch_size} x "
             f"{saved['num_workers']} workers x {saved['accum_steps']}), which "
-            f"{cfg.scaling.num_workers} "
-            f"workers of --batch-size {cfg.optim.batch_size} cannot make: use "
+            f"{scaling.num_workers} "
+            f"workers of --batch-size {optim.batch_size} cannot make: use "
             f"{', '.join(map(str, counts))} workers, or change --batch-size/--accum-steps "
             "(a different training) with --allow-config-change"
         )
-    workers = cfg.scaling.num_workers
-    kept = cfg.replace(accum_steps=batch // per_round)
-    if kept.scaling.min_workers is not None:
-        check_worker_range(kept)
+    workers = scaling.num_workers
+    kept = dataclasses.replace(optim, accum_steps=batch // per_round)
+    if scaling.min_workers is not None:
+        check_worker_range(scaling, kept)
     print(
         f"{what} continues on {workers} worker{'s' if workers > 1 else ''}: "
-        f"accumulation {cfg.optim.accum_steps} -> "
-        f"{kept.optim.accum_steps} keeps its global batch of {batch}",
+        f"accumulation {optim.accum_steps} -> "
+        f"{kept.accum_steps} keeps its global batch of {batch}",
         flush=True,
     )
     return kept
 
 
-def scaling_workers(cfg: TrainConfig) -> int | tuple[int, int]:
+def scaling_workers(scaling: Scaling) -> int | tuple[int, int]:
     """Ray Train's ``ScalingConfig(num_workers=...)``: a count, or (MIN, MAX) when elastic."""
-    low, high = cfg.scaling.worker_range
-    return (low, high) if cfg.scaling.elastic else high
+    low, high = scaling.worker_range
+    return (low, high) if scaling.elastic else high
 
 
 ELASTIC_START_TIMEOUT_S = 30

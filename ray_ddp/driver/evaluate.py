@@ -51,7 +51,8 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
     task = config["task"]
     worker = start_worker(cfg.scaling.cpus_per_worker)
     # A remote checkpoint: this rank's own download (worker.resume), as a resume reads it.
-    model, amp, whole = _checkpoint_model(open_checkpoint(config["checkpoint"]), task, cfg, worker)
+    restored = open_checkpoint(config["checkpoint"])
+    model, amp, whole = _checkpoint_model(restored, task, cfg.optim.amp, worker)
     held = all_gather(held_bytes(model))
     train_ds, val_ds = task.datasets(cfg.replace(download=False), config["facts"])
     dataset = val_ds if config["split"] == "val" else train_ds
@@ -85,15 +86,15 @@ def eval_loop_per_worker(config: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def _checkpoint_model(
-    restored: Restored, task: Task, cfg: TrainConfig, worker: Worker
+    restored: Restored, task: Task, amp: str, worker: Worker
 ) -> tuple[nn.Module, str, int]:
-    """The checkpoint's model on this worker, the ``--amp`` it is evaluated under, and the
-    whole model's bytes (parameters and buffers). A whole checkpoint's: the whole model on
-    every worker. A sharded one's (``--strategy fsdp2``) is read as a resume reads it:
-    each rank its slices, into the model sharded over the workers as in training (each
-    holding 1/N of every parameter, a block gathered only for its forward), never
-    gathered whole. (Each worker builds it whole first, as training does; and
-    ``shard_model`` moves it to the device before sharding it.)"""
+    """The checkpoint's model on this worker, the autocast it is evaluated under (of
+    ``amp``, the run's ``--amp``), and the whole model's bytes (parameters and buffers). A
+    whole checkpoint's: the whole model on every worker. A sharded one's (``--strategy
+    fsdp2``) is read as a resume reads it: each rank its slices, into the model sharded
+    over the workers as in training (each holding 1/N of every parameter, a block gathered
+    only for its forward), never gathered whole. (Each worker builds it whole first, as
+    training does; and ``shard_model`` moves it to the device before sharding it.)"""
     from ray_ddp.checkpoint.format import is_sharded, saved_config, saved_task_meta
     from ray_ddp.worker.sharding import (
         bf16_policy,
@@ -108,18 +109,16 @@ def _checkpoint_model(
     whole = held_bytes(model)
     if not is_sharded(state):
         model.load_state_dict(state["model"])
-        return model.to(worker.device), cfg.optim.amp, whole
+        return model.to(worker.device), amp, whole
     # --amp bf16 is then mostly FSDP2's MixedPrecisionPolicy, without autocast (as training).
-    amp = "off" if bf16_policy(model, cfg.optim.amp) else cfg.optim.amp
-    model = shard_model(
-        model, task_blocks(task, model), cfg.optim.amp, worker.device, worker.world_size
-    )
+    autocast = "off" if bf16_policy(model, amp) else amp
+    model = shard_model(model, task_blocks(task, model), amp, worker.device, worker.world_size)
     assert restored.directory is not None  # a sharded checkpoint's files
     try:
         load_model_shards(restored.directory, model)
     finally:
         restored.release()
-    return model, amp, whole
+    return model, autocast, whole
 
 
 def run_evaluation(

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ray_ddp.config import ConfigError, TrainConfig, validate
+from ray_ddp.config.sections import Data
 from ray_ddp.task.own import OwnLoop
 from ray_ddp.testing.harness import Harness
 
@@ -33,13 +34,13 @@ def launch(
     loop = OwnLoop(function, best_metric, best_mode)
     cfg = (config or TrainConfig()).replace(**fields)
     cfg = cfg.replace(task=loop.spec, export=False)
-    refuse_unsupported(cfg)
+    refuse_unsupported(cfg.data)
     return run_training(cfg, loop, harness)
 
 
-def refuse_unsupported(cfg: TrainConfig) -> None:
+def refuse_unsupported(data: Data) -> None:
     """What an own loop does not run yet, refused before Ray starts."""
-    if cfg.data.data_engine != "torch":
+    if data.data_engine != "torch":
         raise ConfigError("--data-engine ray is for the built-in loop; an own loop reads "
                           "its datasets in the global order (--data-engine torch)")  # fmt: skip
 

@@ -20,6 +20,7 @@ from ray_ddp.checkpoint.format import (
 )
 from ray_ddp.config import ConfigError, TrainConfig, validate
 from ray_ddp.config.batch import global_batch
+from ray_ddp.config.sections import Optimisation, Scaling, Target
 from ray_ddp.driver.rerun_guard import check_rerun
 from ray_ddp.driver.tracking import check_tracking
 from ray_ddp.task import Task
@@ -39,9 +40,9 @@ class PreparedTask:
     resume_config: dict[str, Any] | None = None
     """The config saved in the ``--resume-from`` checkpoint (None without one)."""
 
-    def meta(self, cfg: TrainConfig) -> dict[str, Any]:
-        """What a checkpoint of this run records about its model."""
-        return task_meta(cfg.target.task, self.facts)
+    def meta(self, target: Target) -> dict[str, Any]:
+        """What a checkpoint of this run (of ``target.task``) records about its model."""
+        return task_meta(target.task, self.facts)
 
 
 def preflight(
@@ -51,7 +52,7 @@ def preflight(
     per-worker ``batch_sizes`` a sweep will try (default: the config's own) against the
     data."""
     validate(cfg)
-    check_tracking(cfg)
+    check_tracking(cfg.logging)
     if (
         cfg.optim.amp == "fp16"
         and cfg.scaling.use_gpu is None
@@ -71,7 +72,7 @@ def preflight(
         try:
             state = load_checkpoint_state(cfg.checkpointing.resume_from)
             check_compatible(
-                state, prepared.meta(cfg), f"--resume-from {cfg.checkpointing.resume_from}"
+                state, prepared.meta(cfg.target), f"--resume-from {cfg.checkpointing.resume_from}"
             )
             check_strategy(
                 state, cfg.scaling.strategy, f"--resume-from {cfg.checkpointing.resume_from}"
@@ -80,28 +81,30 @@ def preflight(
             raise ConfigError(str(exc)) from exc
         prepared = dataclasses.replace(prepared, resume_config=state.get("config"))
     for batch_size in batch_sizes or [cfg.optim.batch_size]:
-        check_batch_fits(cfg, train_size, batch_size)
+        check_batch_fits(cfg.scaling, cfg.optim, train_size, batch_size)
     return prepared
 
 
-def check_batch_fits(cfg: TrainConfig, train_size: int | None, batch_size: int) -> None:
+def check_batch_fits(
+    scaling: Scaling, optim: Optimisation, train_size: int | None, batch_size: int
+) -> None:
     """A per-worker batch larger than a worker's shard of the data is never filled: it is
     refused rather than run as something else. Needs num_workers; a no-op while it is
     "auto"."""
-    if train_size is None or not cfg.scaling.num_workers:
+    if train_size is None or not scaling.num_workers:
         return
-    shard = -(-train_size // cfg.scaling.num_workers)  # at the most workers, for an elastic run
+    shard = -(-train_size // scaling.num_workers)  # at the most workers, for an elastic run
     if batch_size > shard:
         raise ConfigError(
             f"--batch-size {batch_size} (per worker) is larger than a worker's "
             f"share of the {train_size} training samples ({shard}); lower it"
         )
-    accum = cfg.optim.accum_steps
-    batch = global_batch(batch_size, cfg.scaling.num_workers, accum)
+    accum = optim.accum_steps
+    batch = global_batch(batch_size, scaling.num_workers, accum)
     if batch > train_size:
         raise ConfigError(
             f"--accum-steps {accum} makes a global batch of {batch} ({batch_size} x "
-            f"{cfg.scaling.num_workers} workers x {accum}), more than the {train_size} "
+            f"{scaling.num_workers} workers x {accum}), more than the {train_size} "
             "training samples, so no optimizer step would be full; lower --accum-steps or "
             "--batch-size"
         )

@@ -34,10 +34,10 @@ def prepare_cluster_run(
     mark("task and data checked")
     connect(cfg.scaling.address, dashboard)
     mark("Ray connected")
-    cfg = resolve_scaling(cfg)
+    cfg = cfg.replace(scaling=resolve_scaling(cfg.scaling, cfg.optim.amp))
     for batch_size in batch_sizes or [cfg.optim.batch_size]:
-        check_batch_fits(cfg, prepared.train_size, batch_size)
-    check_profile_steps(cfg, prepared.train_size)
+        check_batch_fits(cfg.scaling, cfg.optim, prepared.train_size, batch_size)
+    check_profile_steps(cfg.logging, cfg.optim, cfg.scaling, prepared.train_size)
     cfg = cfg.replace(storage_path=storage_location(cfg.checkpointing.storage_path))
     check_shared_storage(cfg.checkpointing.storage_path)
     return cfg, prepared

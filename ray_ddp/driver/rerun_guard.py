@@ -20,6 +20,7 @@ from typing import Any
 from ray_ddp.config import ConfigError, TrainConfig
 from ray_ddp.config.batch import saved_global_batch
 from ray_ddp.config.fields import flag_name, resume_safe_fields
+from ray_ddp.config.sections import Checkpointing
 from ray_ddp.io.storage import join, read_text, write_bytes
 
 RECORD_FILE = "ray_ddp_config.json"
@@ -28,8 +29,8 @@ RECORD_FILE = "ray_ddp_config.json"
 RESUME_SAFE = resume_safe_fields(TrainConfig)
 
 
-def record_path(cfg: TrainConfig) -> str:
-    return join(cfg.checkpointing.run_dir, RECORD_FILE)
+def record_path(checkpointing: Checkpointing) -> str:
+    return join(checkpointing.run_dir, RECORD_FILE)
 
 
 def config_changes(
@@ -51,11 +52,11 @@ def config_changes(
     return changes
 
 
-def recorded_config(cfg: TrainConfig) -> dict[str, Any] | None:
-    """The config run ``cfg.checkpointing.name`` was recorded with; None for a new run."""
-    if not cfg.checkpointing.name:
+def recorded_config(checkpointing: Checkpointing) -> dict[str, Any] | None:
+    """The config run ``checkpointing.name`` was recorded with; None for a new run."""
+    if not checkpointing.name:
         return None
-    path = record_path(cfg)
+    path = record_path(checkpointing)
     text = read_text(path)
     if text is None:
         return None
@@ -70,7 +71,7 @@ def check_rerun(cfg: TrainConfig, global_batch: bool = True) -> None:
     the recorded one.
     ``global_batch=False`` leaves the global batch out: before the driver has kept it
     (``world_size.keep_global_batch``) on a re-run with another worker count."""
-    saved = recorded_config(cfg)
+    saved = recorded_config(cfg.checkpointing)
     if saved is None:
         return
     changes = config_changes(saved, cfg.to_dict(), global_batch)
@@ -86,4 +87,5 @@ def check_rerun(cfg: TrainConfig, global_batch: bool = True) -> None:
 
 def write_record(cfg: TrainConfig) -> None:
     """Record ``cfg`` for the next re-run."""
-    write_bytes(record_path(cfg), json.dumps(cfg.to_dict(), indent=2, sort_keys=True).encode())
+    record = json.dumps(cfg.to_dict(), indent=2, sort_keys=True)
+    write_bytes(record_path(cfg.checkpointing), record.encode())

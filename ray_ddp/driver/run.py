@@ -7,12 +7,14 @@ submit`` started on the cluster. Everything that can be refused is refused first
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from ray_ddp.cluster.connect import alive_nodes
 from ray_ddp.cluster.shared_storage import shared_checkpoint
 from ray_ddp.config import BUILTIN_TASK, ConfigError, TrainConfig
+from ray_ddp.config.sections import Checkpointing
 from ray_ddp.driver.elastic import keep_global_batch, quick_elastic_restarts
 from ray_ddp.driver.prepare import prepare_cluster_run
 from ray_ddp.driver.rerun_guard import check_rerun, recorded_config, write_record
@@ -94,24 +96,26 @@ def run_training(
     # asks for something else explicitly is refused (None is not compared).
     cfg = cfg.replace(name=cfg.checkpointing.name or default_name(cfg, prepared.task))
     if cfg.target.task == BUILTIN_TASK:
-        cfg = cfg.replace(augment=augment_policy(cfg))
+        cfg = cfg.replace(augment=augment_policy(cfg.data))
     # A re-run on another number of workers keeps the run's global batch.
-    recorded = recorded_config(cfg)
+    recorded = recorded_config(cfg.checkpointing)
     if recorded is not None:
-        cfg = keep_global_batch(cfg, recorded, f"run {cfg.checkpointing.name}")
+        what = f"run {cfg.checkpointing.name}"
+        cfg = cfg.replace(optim=keep_global_batch(cfg.scaling, cfg.optim, recorded, what))
     elif prepared.resume_config is not None:
-        cfg = keep_global_batch(
-            cfg, prepared.resume_config, f"--resume-from {cfg.checkpointing.resume_from}"
-        )
+        what = f"--resume-from {cfg.checkpointing.resume_from}"
+        saved = prepared.resume_config
+        cfg = cfg.replace(optim=keep_global_batch(cfg.scaling, cfg.optim, saved, what))
     check_rerun(cfg)  # again: num_workers and the augmentation are known now
     write_record(cfg)
 
     run_dir = cfg.checkpointing.run_dir
     print(f"run {cfg.checkpointing.name} -> {run_dir}", flush=True)
-    cfg = shared_resume_from(cfg, run_dir, alive_nodes())
+    shared = shared_resume_from(cfg.checkpointing, run_dir, alive_nodes())
+    cfg = cfg.replace(checkpointing=shared)
     if cfg.scaling.elastic:
         quick_elastic_restarts()
-    tracking = settings_for(cfg)
+    tracking = settings_for(cfg.logging, cfg.checkpointing)
     open_tracking(tracking)
     trainer = build_trainer(cfg, prepared, harness=harness, tracking=tracking)
     from ray.train import TrainingFailedError
@@ -133,7 +137,9 @@ def run_training(
         raise
     wall_s = time.perf_counter() - started
     mark("fit returned")
-    summary = build_summary(cfg, prepared.task, result, wall_s)
+    summary = build_summary(
+        cfg.scaling, cfg.optim, cfg.checkpointing, prepared.task, result, wall_s
+    )
     if summary["best"]:
         best = summary["best"]["checkpoint"]
         summary["report"] = _final_report(prepared.task, cfg, best)
@@ -179,11 +185,12 @@ def _export(task: Task, checkpoint: str, run_dir: str) -> dict[str, str]:
     return paths
 
 
-def shared_resume_from(cfg: TrainConfig, run_dir: str, nodes: int) -> TrainConfig:
-    """``--resume-from`` as every worker can read it (:func:`shared_checkpoint`)."""
-    if not cfg.checkpointing.resume_from:
-        return cfg
+def shared_resume_from(checkpointing: Checkpointing, run_dir: str, nodes: int) -> Checkpointing:
+    """``checkpointing`` with ``--resume-from`` as every worker can read it
+    (:func:`shared_checkpoint`)."""
+    if not checkpointing.resume_from:
+        return checkpointing
     shared = shared_checkpoint(
-        cfg.checkpointing.resume_from, run_dir, nodes, "resume_from", "--resume-from"
+        checkpointing.resume_from, run_dir, nodes, "resume_from", "--resume-from"
     )
-    return cfg.replace(resume_from=shared)
+    return dataclasses.replace(checkpointing, resume_from=shared)

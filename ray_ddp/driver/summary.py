@@ -7,13 +7,19 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.batch import global_batch
+from ray_ddp.config.sections import Checkpointing, Optimisation, Scaling
 from ray_ddp.io.storage import uri_of, write_bytes
 from ray_ddp.task import Task
 
 
-def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[str, Any]:
-    """Final and best validation figures, the best checkpoint, sizes and speed."""
+def build_summary(
+    scaling: Scaling, optim: Optimisation, checkpointing: Checkpointing, task: Task, result,
+    wall_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """Final and best validation figures, the best checkpoint, sizes and speed, of a run
+    on the (resolved) workers of ``scaling``."""
+    low, high = scaling.worker_range
     info = result.return_value or {}
     score = f"val_{task.best_metric}"
     # Mid-epoch checkpoints carry no validation: never the best.
@@ -28,7 +34,7 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
 
     def full(path: str) -> str:
         # Ray's paths drop the scheme and options of a URI storage (s3://...): put them back.
-        return uri_of(cfg.checkpointing.storage_path, path)
+        return uri_of(checkpointing.storage_path, path)
 
     def pick(metrics: dict[str, Any]) -> dict[str, Any]:
         kept = ("epoch", "evaluated_samples")
@@ -36,16 +42,16 @@ def build_summary(cfg: TrainConfig, task: Task, result, wall_s: float) -> dict[s
 
     train_seconds = info.get("train_seconds", 0.0)
     return {
-        "name": cfg.checkpointing.name,
+        "name": checkpointing.name,
         "run_dir": full(result.path),
         # The workers of the attempt that finished (an elastic run may end on fewer).
-        "world_size": info.get("world_size", cfg.scaling.num_workers),
-        "worker_range": list(cfg.scaling.worker_range),
-        "device": "gpu" if cfg.scaling.use_gpu else "cpu",
-        "per_worker_batch_size": cfg.optim.batch_size,
-        "accum_steps": final_metrics.get("accum_steps", cfg.optim.accum_steps),
-        "global_batch_size": cfg.global_batch_size,
-        "epochs": cfg.optim.epochs,
+        "world_size": info.get("world_size", scaling.num_workers),
+        "worker_range": [low, high],
+        "device": "gpu" if scaling.use_gpu else "cpu",
+        "per_worker_batch_size": optim.batch_size,
+        "accum_steps": final_metrics.get("accum_steps", optim.accum_steps),
+        "global_batch_size": global_batch(optim.batch_size, high, optim.accum_steps),
+        "epochs": optim.epochs,
         # The worker's own count: a --max-steps stop inside an epoch reports its figures
         # under that epoch's number without completing it.
         "epochs_completed": info.get("epochs_completed", final_metrics.get("epoch", 0)),

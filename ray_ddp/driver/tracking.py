@@ -15,7 +15,9 @@ import tempfile
 import uuid
 from typing import Any
 
-from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config import ConfigError
+from ray_ddp.config.batch import global_batch
+from ray_ddp.config.sections import Checkpointing, Logging, Optimisation, Scaling
 from ray_ddp.config.train import profile_problem
 from ray_ddp.data.order.global_order import EpochPlan
 from ray_ddp.io.run_logs import CURVES_PNG, METRICS_CSV
@@ -35,53 +37,57 @@ FINISH_TIMEOUT_S = 60.0
 OPEN_TIMEOUT_S = 20.0
 
 
-def check_tracking(cfg: TrainConfig) -> None:
+def check_tracking(logging: Logging) -> None:
     """``--tracking`` without its package, or MLflow without a server: one line, before
     Ray starts."""
-    if cfg.logging.tracking == "none":
+    if logging.tracking == "none":
         return
-    package = PACKAGES[cfg.logging.tracking]
+    package = PACKAGES[logging.tracking]
     if importlib.util.find_spec(package) is None:
         raise ConfigError(
-            f"--tracking {cfg.logging.tracking} needs the {package} package, which is not "
+            f"--tracking {logging.tracking} needs the {package} package, which is not "
             "installed: "
-            f"pip install -e '.[{cfg.logging.tracking}]' (or pip install {package})"
+            f"pip install -e '.[{logging.tracking}]' (or pip install {package})"
         )
-    if cfg.logging.tracking == "mlflow" and resolve_uri("mlflow", cfg.logging.tracking_uri) is None:
+    if logging.tracking == "mlflow" and resolve_uri("mlflow", logging.tracking_uri) is None:
         raise ConfigError(
             "--tracking mlflow needs a server: --tracking-uri URI or MLFLOW_TRACKING_URI "
             "(e.g. http://127.0.0.1:5000 of `mlflow server`, see docs/tracking.md)"
         )
 
 
-def check_profile_steps(cfg: TrainConfig, train_size: int | None) -> None:
+def check_profile_steps(
+    logging: Logging, optim: Optimisation, scaling: Scaling, train_size: int | None
+) -> None:
     """``--profile-steps`` within the run's optimizer steps (known once the workers are)."""
-    if not cfg.logging.profile_steps or train_size is None or not cfg.scaling.num_workers:
+    if not logging.profile_steps or train_size is None or not scaling.num_workers:
         return
-    plan = EpochPlan(
-        train_size, cfg.optim.batch_size, cfg.global_batch_size, cfg.optim.seed, epoch=0
-    )
-    steps = plan.steps * cfg.optim.epochs
-    problem = profile_problem(cfg, steps)
+    batch = global_batch(optim.batch_size, scaling.num_workers, optim.accum_steps)
+    plan = EpochPlan(train_size, optim.batch_size, batch, optim.seed, epoch=0)
+    steps = plan.steps * optim.epochs
+    problem = profile_problem(logging, optim, steps)
     if problem:
         raise ConfigError(problem)
 
 
-def settings_for(cfg: TrainConfig, parent_run_id: str | None = None) -> Settings | None:
-    """Where rank 0 tracks this run (resolved here: the workers may not share the
-    driver's environment or working directory); None without ``--tracking``."""
-    if cfg.logging.tracking == "none":
+def settings_for(
+    logging: Logging, checkpointing: Checkpointing, parent_run_id: str | None = None
+) -> Settings | None:
+    """Where rank 0 tracks the run named in ``checkpointing`` (resolved here: the workers
+    may not share the driver's environment or working directory); None without
+    ``--tracking``."""
+    if logging.tracking == "none":
         return None
-    assert cfg.checkpointing.name is not None
+    assert checkpointing.name is not None
     return Settings(
-        kind=cfg.logging.tracking,
-        uri=resolve_uri(cfg.logging.tracking, cfg.logging.tracking_uri),
-        experiment=resolve_experiment(cfg.logging.tracking, cfg.logging.experiment),
-        run_name=cfg.checkpointing.name,
-        run_dir=cfg.checkpointing.run_dir,
-        tags=run_tags(cfg.checkpointing.name, cfg.checkpointing.run_dir, git_commit()),
+        kind=logging.tracking,
+        uri=resolve_uri(logging.tracking, logging.tracking_uri),
+        experiment=resolve_experiment(logging.tracking, logging.experiment),
+        run_name=checkpointing.name,
+        run_dir=checkpointing.run_dir,
+        tags=run_tags(checkpointing.name, checkpointing.run_dir, git_commit()),
         parent_run_id=parent_run_id,
-        env=passed_on(cfg.logging.tracking),
+        env=passed_on(logging.tracking),
     )
 
 
@@ -177,14 +183,15 @@ def profile_lines(summary: dict[str, Any]) -> list[str]:
 
 # ----------------------------------------------------------------------------- sweeps
 def open_sweep(
-    cfg: TrainConfig, name: str, sweep_dir: str, params: dict[str, Any]
-) -> tuple[Settings | None, str | None]:
+    logging: Logging, checkpointing: Checkpointing, name: str, sweep_dir: str,
+    params: dict[str, Any],
+) -> tuple[Settings | None, str | None]:  # fmt: skip
     """A sweep's parent run (its search space and base config as params): its settings
     and id, which every trial's run names as its parent. (None, None) without
     ``--tracking``, or (settings, None) where the server could not make it."""
-    if cfg.logging.tracking == "none":
+    if logging.tracking == "none":
         return None, None
-    settings = settings_for(cfg.replace(name=name))
+    settings = settings_for(logging, dataclasses.replace(checkpointing, name=name))
     assert settings is not None
     settings = dataclasses.replace(
         settings, run_dir=sweep_dir, tags={**settings.tags, "ray_ddp.sweep": "true"}

@@ -56,8 +56,10 @@ def build_trainer(
         from ray_ddp.data.ray_data.driver import trainer_datasets
         from ray_ddp.image_classification.transforms import has_random_transform, image_decoder
 
-        cpus = data_task_cpus(cfg)
-        ray_data = trainer_datasets(cfg, cpus, image_decoder, has_random_transform(cfg))
+        ray_data = trainer_datasets(
+            cfg.data, cfg.target, cfg.optim, cfg.scaling, cfg.checkpointing.run_dir,
+            data_task_cpus(cfg.scaling), image_decoder, has_random_transform(cfg.data),
+        )  # fmt: skip
     return torch_trainer_class()(
         loop or train_loop_per_worker,  # the evaluation job passes its own
         train_loop_config=loop_config,
@@ -67,9 +69,9 @@ def build_trainer(
         scaling_config=ScalingConfig(
             # (MIN, MAX) for an elastic run: Train v2's ScalingConfig; the stubs mypy reads
             # are Train v1's, which has no elastic range (nor the keywords below)
-            num_workers=scaling_workers(cfg),  # type: ignore[arg-type]
+            num_workers=scaling_workers(cfg.scaling),  # type: ignore[arg-type]
             use_gpu=bool(cfg.scaling.use_gpu),  # resolved by now (driver.prepare)
-            resources_per_worker=worker_resources(cfg),
+            resources_per_worker=worker_resources(cfg.scaling),
             placement_strategy=cfg.scaling.placement_strategy,
             elastic_resize_monitor_interval_s=cfg.scaling.resize_check_s,  # type: ignore[call-arg]
         ),

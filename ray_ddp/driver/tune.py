@@ -15,22 +15,24 @@ import time
 from typing import Any
 
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate_sweep
+from ray_ddp.config.sections import Optimisation, Scaling
 from ray_ddp.driver.prepare import prepare_cluster_run
 from ray_ddp.driver.sweep_results import trial_lr, trial_row, write_outputs
 from ray_ddp.driver.tracking import finish_sweep, open_sweep
 from ray_ddp.io.storage import exists, join, storage_location, uri_of
 
 
-def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, float]) -> int:
-    """How many trials can run at once without any of them waiting for resources."""
-    assert cfg.scaling.num_workers is not None
+def plan_concurrency(scaling: Scaling, sweep: SweepConfig, resources: dict[str, float]) -> int:
+    """How many trials, each on the (resolved) workers of ``scaling``, can run at once
+    without any of them waiting for resources."""
+    assert scaling.num_workers is not None
     cpus, gpus = resources.get("CPU", 0.0), resources.get("GPU", 0.0)
-    trial_cpus = sweep.trial_cpus + cfg.scaling.num_workers * cfg.scaling.cpus_per_worker
-    trial_gpus = cfg.scaling.num_workers if cfg.scaling.use_gpu else 0
+    trial_cpus = sweep.trial_cpus + scaling.num_workers * scaling.cpus_per_worker
+    trial_gpus = scaling.num_workers if scaling.use_gpu else 0
     if trial_cpus > cpus + 1e-9 or trial_gpus > gpus:
         raise ConfigError(
             f"one trial needs {trial_cpus:g} CPUs ({sweep.trial_cpus:g} for its driver + "
-            f"{cfg.scaling.num_workers} workers x {cfg.scaling.cpus_per_worker:g}) and "
+            f"{scaling.num_workers} workers x {scaling.cpus_per_worker:g}) and "
             f"{trial_gpus} GPUs; the "
             f"cluster has {cpus:g} CPUs and {gpus:g} GPUs: lower --num-workers or "
             "--cpus-per-worker"
@@ -39,11 +41,11 @@ def plan_concurrency(cfg: TrainConfig, sweep: SweepConfig, resources: dict[str, 
     if trial_gpus:
         fit = min(fit, math.floor(gpus / trial_gpus))
     # A custom resource the workers ask for (--resources-per-worker) bounds it the same way.
-    for name, amount in (cfg.scaling.resources_per_worker or {}).items():
-        have, need = resources.get(name, 0.0), cfg.scaling.num_workers * amount
+    for name, amount in (scaling.resources_per_worker or {}).items():
+        have, need = resources.get(name, 0.0), scaling.num_workers * amount
         if need > have + 1e-9:
             raise ConfigError(
-                f"one trial needs {need:g} {name} ({cfg.scaling.num_workers} workers x "
+                f"one trial needs {need:g} {name} ({scaling.num_workers} workers x "
                 f"{amount:g}); "
                 f"the cluster has {have:g}: lower --num-workers"
             )
@@ -74,7 +76,9 @@ def _run_trial(config: dict[str, Any]) -> None:
         log_prefix=f"[{trial_id}] ",
     )
     # --tracking: the trial's own run, a child of the sweep's (its lr and batch as params).
-    tracking = settings_for(cfg, parent_run_id=config.get("tracking_parent"))
+    tracking = settings_for(
+        cfg.logging, cfg.checkpointing, parent_run_id=config.get("tracking_parent")
+    )
     open_tracking(tracking)
     # Its artifacts and status come from the sweep's driver (finish_sweep): Tune stops a
     # trial at its last report, before its fit returns here.
@@ -103,15 +107,15 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     metric, mode = f"val_{task.best_metric}", task.best_mode
     import ray
 
-    concurrency = plan_concurrency(cfg, sweep, ray.cluster_resources())
+    concurrency = plan_concurrency(cfg.scaling, sweep, ray.cluster_resources())
     name = cfg.checkpointing.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = join(cfg.checkpointing.storage_path, name)
     cfg = cfg.replace(name=None, summary_json=None)
-    _announce(cfg, sweep, name, sweep_dir, concurrency)
+    _announce(cfg.scaling, cfg.optim, sweep, name, sweep_dir, concurrency)
     if not sweep.resume:
         refuse_existing(sweep_dir)  # a generated name too (before the tracker writes there)
     searched = {**dataclasses.asdict(sweep), "concurrency": concurrency, **cfg.to_dict()}
-    tracking, parent = open_sweep(cfg, name, sweep_dir, searched)
+    tracking, parent = open_sweep(cfg.logging, cfg.checkpointing, name, sweep_dir, searched)
     started = time.perf_counter()
     tuner = _tuner(cfg, sweep, name, sweep_dir, concurrency, prepared.facts, metric, mode,
                    parent)  # fmt: skip
@@ -140,11 +144,14 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     return summary
 
 
-def _announce(cfg: TrainConfig, sweep: SweepConfig, name: str, sweep_dir: str, concurrency: int):
+def _announce(
+    scaling: Scaling, optim: Optimisation, sweep: SweepConfig, name: str, sweep_dir: str,
+    concurrency: int,
+) -> None:  # fmt: skip
     print(
         f"sweep {name} -> {sweep_dir}: {sweep.num_samples} trials, up to {concurrency} at "
         f"once, lr log-uniform [{sweep.lr_min:g}, {sweep.lr_max:g}], per-worker batch in "
-        f"{sweep.batch_sizes}, {cfg.scaling.num_workers} workers per trial, "
+        f"{sweep.batch_sizes}, {scaling.num_workers} workers per trial, "
         + (
             f"ASHA (grace {sweep.grace_period}, reduction {sweep.reduction_factor:g})"
             if sweep.early_stop
@@ -154,7 +161,7 @@ def _announce(cfg: TrainConfig, sweep: SweepConfig, name: str, sweep_dir: str, c
     )
     if sweep.scale_lr:
         print(
-            f"lr scaling on: each trial's lr x (its batch / {cfg.optim.batch_size}), the global "
+            f"lr scaling on: each trial's lr x (its batch / {optim.batch_size}), the global "
             "batch ratio (workers and accumulation are the same for every trial)",
             flush=True,
         )
@@ -184,7 +191,7 @@ def _tuner(
         if not tune.Tuner.can_restore(sweep_dir):
             raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
         return tune.Tuner.restore(sweep_dir, trainable, resume_unfinished=True, resume_errored=True)
-    cfg = shared_resume_from(cfg, sweep_dir, alive_nodes())
+    cfg = cfg.replace(checkpointing=shared_resume_from(cfg.checkpointing, sweep_dir, alive_nodes()))
     scheduler = (
         ASHAScheduler(
             time_attr="epoch",

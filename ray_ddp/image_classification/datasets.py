@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config import ConfigError
+from ray_ddp.config.sections import Data, Target
 from ray_ddp.data.parquet_stream import StreamingParquet
 from ray_ddp.image_classification import parquet as parquet_data
 from ray_ddp.image_classification import synthetic as synthetic_data
@@ -57,26 +58,26 @@ _PUBLISHED_SIZES = {
 
 
 # ---------------------------------------------------------------- driver side
-def describe_dataset(cfg: TrainConfig) -> DatasetInfo:
+def describe_dataset(data: Data, target: Target) -> DatasetInfo:
     """Check that the dataset is there and readable, and count each split's samples
     (after ``--train-samples``/``--val-samples``); raise ConfigError otherwise."""
-    info = _describe(cfg)
-    if cfg.data.dataset == "synthetic":
+    info = _describe(data, target)
+    if data.dataset == "synthetic":
         return info  # generated: the sample counts are what it is asked for
     train_size: int | None
     val_size: int | None
-    if cfg.data.dataset in _TORCHVISION_LAYOUT:
-        train_size, val_size = _torchvision_sizes(cfg)
-    elif cfg.data.dataset == "imagefolder":
+    if data.dataset in _TORCHVISION_LAYOUT:
+        train_size, val_size = _torchvision_sizes(data)
+    elif data.dataset == "imagefolder":
         train_size, val_size = (
-            _image_folder_size(cfg.data.data_dir or "", s) for s in ("train", "val")
+            _image_folder_size(data.data_dir or "", s) for s in ("train", "val")
         )
     else:
         train_size, val_size = info.train_size, info.val_size
     return dataclasses.replace(
         info,
-        train_size=_limited(train_size, cfg.data.train_samples),
-        val_size=_limited(val_size, cfg.data.val_samples),
+        train_size=_limited(train_size, data.train_samples),
+        val_size=_limited(val_size, data.val_samples),
     )
 
 
@@ -85,44 +86,42 @@ def _limited(size: int | None, limit: int | None) -> int | None:
     return min(size, limit) if size is not None and limit else size
 
 
-def _describe(cfg: TrainConfig) -> DatasetInfo:
+def _describe(data: Data, target: Target) -> DatasetInfo:
     """Classes and shapes; sample counts only where they come free."""
-    if cfg.data.dataset == "synthetic":
-        if cfg.data.image_size and cfg.data.image_size != synthetic_data.IMAGE_SIZE:
+    if data.dataset == "synthetic":
+        if data.image_size and data.image_size != synthetic_data.IMAGE_SIZE:
             raise ConfigError("--image-size does not apply to the built-in dataset")
         return DatasetInfo(
             synthetic_data.NUM_CLASSES,
-            image_shape(cfg, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
-            cfg.data.train_samples or synthetic_data.DEFAULT_TRAIN_SAMPLES,
-            cfg.data.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
+            image_shape(data, target, synthetic_data.CHANNELS, synthetic_data.IMAGE_SIZE),
+            data.train_samples or synthetic_data.DEFAULT_TRAIN_SAMPLES,
+            data.val_samples or synthetic_data.DEFAULT_VAL_SAMPLES,
         )
-    assert cfg.data.data_dir is not None  # validate() guarantees it
-    if cfg.data.dataset == "parquet":  # a local folder or a URI (s3://, gs://)
-        return parquet_data.describe(cfg)
-    if not os.path.isdir(cfg.data.data_dir) and not (
-        cfg.data.download and cfg.data.dataset in _TORCHVISION_LAYOUT
+    assert data.data_dir is not None  # validate() guarantees it
+    if data.dataset == "parquet":  # a local folder or a URI (s3://, gs://)
+        return parquet_data.describe(data, target)
+    if not os.path.isdir(data.data_dir) and not (
+        data.download and data.dataset in _TORCHVISION_LAYOUT
     ):
-        raise ConfigError(f"--data-dir {cfg.data.data_dir} does not exist or is not a directory")
-    if cfg.data.dataset in _TORCHVISION_LAYOUT:
-        folder, files = _TORCHVISION_LAYOUT[cfg.data.dataset]
-        missing = [
-            f for f in files if not os.path.isfile(os.path.join(cfg.data.data_dir, folder, f))
-        ]
-        if missing and not cfg.data.download:
+        raise ConfigError(f"--data-dir {data.data_dir} does not exist or is not a directory")
+    if data.dataset in _TORCHVISION_LAYOUT:
+        folder, files = _TORCHVISION_LAYOUT[data.dataset]
+        missing = [f for f in files if not os.path.isfile(os.path.join(data.data_dir, folder, f))]
+        if missing and not data.download:
             raise ConfigError(
-                f"{cfg.data.dataset} files missing under {os.path.join(cfg.data.data_dir, folder)} "
+                f"{data.dataset} files missing under {os.path.join(data.data_dir, folder)} "
                 f"({', '.join(missing[:3])}...); pass --download to fetch them"
             )
-        channels, size = (3, 32) if cfg.data.dataset == "cifar10" else (1, 28)
-        return DatasetInfo(10, image_shape(cfg, channels, size))
-    train_classes = _image_folder_classes(os.path.join(cfg.data.data_dir, "train"))
-    val_classes = _image_folder_classes(os.path.join(cfg.data.data_dir, "val"))
+        channels, size = (3, 32) if data.dataset == "cifar10" else (1, 28)
+        return DatasetInfo(10, image_shape(data, target, channels, size))
+    train_classes = _image_folder_classes(os.path.join(data.data_dir, "train"))
+    val_classes = _image_folder_classes(os.path.join(data.data_dir, "val"))
     if train_classes != val_classes:
         raise ConfigError(
             f"imagefolder train/ and val/ have different class folders: "
             f"{sorted(set(train_classes) ^ set(val_classes))[:5]}"
         )
-    return DatasetInfo(len(train_classes), image_shape(cfg, 3, DEFAULT_FILE_IMAGE_SIZE))
+    return DatasetInfo(len(train_classes), image_shape(data, target, 3, DEFAULT_FILE_IMAGE_SIZE))
 
 
 def _image_folder_classes(root: str) -> list[str]:
@@ -148,14 +147,14 @@ def _image_folder_size(data_dir: str, split: str) -> int:
     return len(found)
 
 
-def _torchvision_sizes(cfg: TrainConfig) -> tuple[int, int]:
+def _torchvision_sizes(data: Data) -> tuple[int, int]:
     """(train, test) samples, read from the files: the IDX headers hold MNIST's counts,
     CIFAR-10's batches are unpickled (a CIFAR-format subset can have any size)."""
-    folder, files = _TORCHVISION_LAYOUT[cfg.data.dataset]
-    folder = os.path.join(cfg.data.data_dir or "", folder)
+    folder, files = _TORCHVISION_LAYOUT[data.dataset]
+    folder = os.path.join(data.data_dir or "", folder)
     if not all(os.path.isfile(os.path.join(folder, f)) for f in files):
-        return _PUBLISHED_SIZES[cfg.data.dataset]  # --download fetches them all (else refused)
-    if cfg.data.dataset == "cifar10":
+        return _PUBLISHED_SIZES[data.dataset]  # --download fetches them all (else refused)
+    if data.dataset == "cifar10":
         train = sum(_cifar_batch_size(os.path.join(folder, f"data_batch_{i}")) for i in range(1, 6))
         return train, _cifar_batch_size(os.path.join(folder, "test_batch"))
     return tuple(  # type: ignore[return-value]
@@ -183,46 +182,47 @@ def _cifar_batch_size(path: str) -> int:
 
 
 # ---------------------------------------------------------------- worker side
-def build_datasets(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset, DatasetInfo]:
+def build_datasets(
+    data: Data, target: Target, seed: int, augment: bool = True
+) -> tuple[Dataset, Dataset, DatasetInfo]:
     """The train and validation datasets, as tensors-producing torch Datasets.
-    ``augment=False`` gives the train split the evaluation transform (for evaluating on it)."""
-    info = _describe(cfg)  # the sizes: those of the datasets built here
-    if cfg.data.dataset == "synthetic":
-        made = synthetic_data.make_synthetic(
-            cfg.optim.seed, cfg.data.train_samples, cfg.data.val_samples
-        )
+    ``seed`` (``--seed``) draws the ``--train-samples``/``--val-samples`` subsets; ``augment=False``
+    gives the train split the evaluation transform (for evaluating on it)."""
+    info = _describe(data, target)  # the sizes: those of the datasets built here
+    if data.dataset == "synthetic":
+        made = synthetic_data.make_synthetic(seed, data.train_samples, data.val_samples)
         return made[0], made[1], info
     train: Dataset[Any]
     val: Dataset[Any]
-    if cfg.data.dataset == "parquet":
-        train, val = parquet_data.load(cfg, augment)
-    elif cfg.data.dataset == "imagefolder":
+    if data.dataset == "parquet":
+        train, val = parquet_data.load(data, target, augment)
+    elif data.dataset == "imagefolder":
         import torchvision
 
-        root = cfg.data.data_dir or ""
+        root = data.data_dir or ""
         train = torchvision.datasets.ImageFolder(
-            os.path.join(root, "train"), transform=image_transform(cfg, train=augment)
+            os.path.join(root, "train"), transform=image_transform(data, target, train=augment)
         )
         val = torchvision.datasets.ImageFolder(
-            os.path.join(root, "val"), transform=image_transform(cfg, train=False)
+            os.path.join(root, "val"), transform=image_transform(data, target, train=False)
         )
     else:
-        train, val = _torchvision_splits(cfg, augment)
+        train, val = _torchvision_splits(data, target, augment)
     train, val = (
-        _subset(train, cfg.data.train_samples, cfg.optim.seed),
-        _subset(val, cfg.data.val_samples, cfg.optim.seed),
+        _subset(train, data.train_samples, seed),
+        _subset(val, data.val_samples, seed),
     )
     # map-style: every split here has a length (Dataset does not declare one)
     sizes = len(train), len(val)  # type: ignore[arg-type]
     return train, val, dataclasses.replace(info, train_size=sizes[0], val_size=sizes[1])
 
 
-def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Dataset]:
+def _torchvision_splits(data: Data, target: Target, augment: bool) -> tuple[Dataset, Dataset]:
     import torchvision
 
-    if cfg.data.dataset == "cifar10":
+    if data.dataset == "cifar10":
         cls, stats = _PresenceCheckedCIFAR10(), CIFAR_STATS
-    elif cfg.data.dataset == "mnist":
+    elif data.dataset == "mnist":
         cls, stats = torchvision.datasets.MNIST, MNIST_STATS
     else:
         cls, stats = torchvision.datasets.FashionMNIST, FASHION_STATS
@@ -230,10 +230,10 @@ def _torchvision_splits(cfg: TrainConfig, augment: bool) -> tuple[Dataset, Datas
     for train in (True, False):
         splits.append(
             cls(
-                cfg.data.data_dir,
+                data.data_dir,
                 train=train,
-                download=cfg.data.download,
-                transform=image_transform(cfg, stats, train=train and augment),
+                download=data.download,
+                transform=image_transform(data, target, stats, train=train and augment),
             )
         )
     return splits[0], splits[1]

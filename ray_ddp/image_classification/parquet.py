@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
-from ray_ddp.config import ConfigError, TrainConfig
+from ray_ddp.config import ConfigError
+from ray_ddp.config.sections import Data, Target
 from ray_ddp.data.parquet_stream import SplitLayout, StreamingParquet, decoder, split_path
 from ray_ddp.image_classification.transforms import (
     DEFAULT_FILE_IMAGE_SIZE,
@@ -66,36 +67,36 @@ def _labels(table: pa.Table, column: str, path: str) -> torch.Tensor:
     return labels
 
 
-def _input_column(cfg: TrainConfig) -> str:
-    return cfg.data.feature_column or cfg.data.image_column
+def _input_column(data: Data) -> str:
+    return data.feature_column or data.image_column
 
 
-def describe(cfg: TrainConfig) -> DatasetInfo:
+def describe(data: Data, target: Target) -> DatasetInfo:
     """Classes (from the label columns), shapes and split sizes. Reads the label column
     only, and for a feature column the first row group's first row."""
-    assert cfg.data.data_dir is not None
+    assert data.data_dir is not None
     num_classes = 0
     sizes = []
     feature_dim = None
     for split in ("train", "val"):
-        path = split_path(cfg.data.data_dir, split)
-        _layout(path, [cfg.data.label_column, _input_column(cfg)])
-        labels = _labels(_read(path, [cfg.data.label_column]), cfg.data.label_column, path)
+        path = split_path(data.data_dir, split)
+        _layout(path, [data.label_column, _input_column(data)])
+        labels = _labels(_read(path, [data.label_column]), data.label_column, path)
         num_classes = max(num_classes, int(labels.max()) + 1)
         sizes.append(len(labels))
-        if cfg.data.feature_column:
-            layout = SplitLayout(path, [cfg.data.feature_column])
+        if data.feature_column:
+            layout = SplitLayout(path, [data.feature_column])
             first = layout.read(layout.pieces[0])[0][0]
             if not isinstance(first, list) or not first:
                 raise ConfigError(f"{path}: --feature-column must be a list of numbers")
             feature_dim = len(first)
-    if cfg.data.feature_column:
-        if cfg.target.model != "mlp":
+    if data.feature_column:
+        if target.model != "mlp":
             raise ConfigError("a Parquet --feature-column needs --model mlp")
         assert feature_dim is not None  # read from the first row above
         shape: tuple[int, ...] = (feature_dim,)
     else:
-        size = cfg.data.image_size or DEFAULT_FILE_IMAGE_SIZE
+        size = data.image_size or DEFAULT_FILE_IMAGE_SIZE
         shape = (3, size, size)
     return DatasetInfo(max(num_classes, 2), shape, sizes[0], sizes[1])
 
@@ -140,41 +141,41 @@ def _image_bytes(column: pa.ChunkedArray) -> list[bytes]:
     return column.to_pylist()
 
 
-def load(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+def load(data: Data, target: Target, augment: bool = True) -> tuple[Dataset, Dataset]:
     """The train and validation splits: streamed (``--parquet-read stream``: row groups
     read as the sampler needs them) or read whole into memory."""
-    assert cfg.data.data_dir is not None
-    if cfg.data.parquet_read == "stream":
-        return stream(cfg, augment)
+    assert data.data_dir is not None
+    if data.parquet_read == "stream":
+        return stream(data, target, augment)
     from torch.utils.data import TensorDataset
 
     splits: list[Dataset[Any]] = []
     for train in (True, False):
-        path = split_path(cfg.data.data_dir, "train" if train else "val")
-        table = _read(path, [cfg.data.label_column, _input_column(cfg)])
-        labels = _labels(table, cfg.data.label_column, path)
-        if cfg.data.feature_column:
+        path = split_path(data.data_dir, "train" if train else "val")
+        table = _read(path, [data.label_column, _input_column(data)])
+        labels = _labels(table, data.label_column, path)
+        if data.feature_column:
             features = torch.tensor(
-                table.column(cfg.data.feature_column).to_pylist(), dtype=torch.float32
+                table.column(data.feature_column).to_pylist(), dtype=torch.float32
             )
             splits.append(TensorDataset(features, labels))
         else:
-            images = _image_bytes(table.column(cfg.data.image_column))
-            transform = image_transform(cfg, train=train and augment)
-            layout = SplitLayout(path, [cfg.data.image_column])  # footers only: names rows
+            images = _image_bytes(table.column(data.image_column))
+            transform = image_transform(data, target, train=train and augment)
+            layout = SplitLayout(path, [data.image_column])  # footers only: names rows
             splits.append(ParquetImages(images, labels, transform, layout))
     return splits[0], splits[1]
 
 
-def stream(cfg: TrainConfig, augment: bool = True) -> tuple[Dataset, Dataset]:
+def stream(data: Data, target: Target, augment: bool = True) -> tuple[Dataset, Dataset]:
     """Both splits as :class:`~ray_ddp.data.parquet_stream.StreamingParquet` (footers only)."""
-    assert cfg.data.data_dir is not None
+    assert data.data_dir is not None
     splits: list[Dataset[Any]] = []
     for train in (True, False):
-        path = split_path(cfg.data.data_dir, "train" if train else "val")
-        layout = _layout(path, [_input_column(cfg), cfg.data.label_column])
+        path = split_path(data.data_dir, "train" if train else "val")
+        layout = _layout(path, [_input_column(data), data.label_column])
         transform = (
-            None if cfg.data.feature_column else image_transform(cfg, train=train and augment)
+            None if data.feature_column else image_transform(data, target, train=train and augment)
         )
-        splits.append(StreamingParquet(layout, decoder(not cfg.data.feature_column, transform)))
+        splits.append(StreamingParquet(layout, decoder(not data.feature_column, transform)))
     return splits[0], splits[1]

@@ -37,7 +37,7 @@ class ImageClassification(Task):
         from ray_ddp.image_classification.models import check_model_name
 
         check_model_name(cfg.target.model)
-        self._info = describe_dataset(cfg)
+        self._info = describe_dataset(cfg.data, cfg.target)
         return {
             "model": cfg.target.model,
             "num_classes": self._info.num_classes,
@@ -62,7 +62,7 @@ class ImageClassification(Task):
 
         # ``augment="none"`` (jobs/evaluate.py sets it to evaluate the train split) makes
         # the training transform the evaluation one.
-        train, val, _ = build_datasets(cfg)
+        train, val, _ = build_datasets(cfg.data, cfg.target, cfg.optim.seed)
         names = getattr(getattr(val, "dataset", val), "classes", None)
         self.classes = [str(n) for n in names] if names is not None else None
         return train, val
@@ -110,7 +110,7 @@ class ImageClassification(Task):
     def random_samples(self, cfg: TrainConfig) -> bool:
         from ray_ddp.image_classification.transforms import has_random_transform
 
-        return has_random_transform(cfg)
+        return has_random_transform(cfg.data)
 
     def example_inputs(self, cfg: TrainConfig, facts: dict[str, Any]) -> tuple:
         return (torch.zeros(2, *facts["input_shape"]),)

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ray_ddp.config.train import AUGMENT_POLICIES, TrainConfig
+from ray_ddp.config.sections import AUGMENT_POLICIES, Data, Target
 from ray_ddp.image_classification.models import needs_rgb
 
 # Per-dataset normalisation (channel means/stds of the training sets).
@@ -24,7 +24,7 @@ DEFAULT_FILE_IMAGE_SIZE = 32
 # --augment when not given. Crop + flip suits natural photos (CIFAR-10, and ImageFolder
 # trees, which are mostly photos); the rest default to none: a flipped digit or letter is
 # another symbol or none, and Parquet or MNIST-style data is as often one as the other.
-# The field's help text (config.TrainConfig.augment) states this table; a test checks.
+# The field's help text (config.sections.Data.augment) states this table; a test checks.
 DEFAULT_AUGMENT = {"cifar10": "crop-flip", "imagefolder": "crop-flip"}
 
 
@@ -40,44 +40,46 @@ class DatasetInfo:
     val_size: int | None = None
 
 
-def image_shape(cfg: TrainConfig, channels: int, native_size: int) -> tuple[int, int, int]:
+def image_shape(
+    data: Data, target: Target, channels: int, native_size: int
+) -> tuple[int, int, int]:
     """(C, H, W) after the transform: grey becomes RGB for torchvision models, and
     ``--image-size`` resizes."""
-    if channels == 1 and needs_rgb(cfg.target.model):
+    if channels == 1 and needs_rgb(target.model):
         channels = 3
-    size = cfg.data.image_size or native_size
+    size = data.image_size or native_size
     return (channels, size, size)
 
 
-def image_transform(cfg: TrainConfig, stats: tuple = GENERIC_STATS, train: bool = False):
+def image_transform(data: Data, target: Target, stats: tuple = GENERIC_STATS, train: bool = False):
     """PIL image -> normalised tensor; grey repeated to RGB for torchvision models; the
     ``--augment`` policy (see :func:`augment_policy`) on training images."""
     from torchvision import transforms as T
 
     steps = []
-    size = cfg.data.image_size
-    if cfg.data.dataset in ("imagefolder", "parquet"):
+    size = data.image_size
+    if data.dataset in ("imagefolder", "parquet"):
         size = size or DEFAULT_FILE_IMAGE_SIZE
         steps.append(T.Lambda(_to_rgb))  # palette / grey / RGBA files alike
     if size:
         steps.append(T.Resize((size, size)))
     mean, std = stats
-    if len(mean) == 1 and needs_rgb(cfg.target.model):
+    if len(mean) == 1 and needs_rgb(target.model):
         steps.append(T.Grayscale(num_output_channels=3))
         mean, std = mean * 3, std * 3
     if train:
-        steps += augmentation(augment_policy(cfg))
+        steps += augmentation(augment_policy(data))
     steps += [T.ToTensor(), T.Normalize(mean, std)]
     return T.Compose(steps)
 
 
-def augment_policy(cfg: TrainConfig) -> str:
+def augment_policy(data: Data) -> str:
     """The training augmentation policy a run uses: ``--augment``, else the dataset's
     default (``DEFAULT_AUGMENT``); always ``none`` where there are no images to augment
     (the built-in dataset is tensors already; a Parquet feature column is not an image)."""
-    if cfg.data.dataset == "synthetic" or cfg.data.feature_column:
+    if data.dataset == "synthetic" or data.feature_column:
         return "none"
-    return cfg.data.augment or DEFAULT_AUGMENT.get(cfg.data.dataset, "none")
+    return data.augment or DEFAULT_AUGMENT.get(data.dataset, "none")
 
 
 def augmentation(policy: str) -> list:
@@ -102,10 +104,10 @@ def augmentation(policy: str) -> list:
     return steps
 
 
-def has_random_transform(cfg: TrainConfig) -> bool:
+def has_random_transform(data: Data) -> bool:
     """Whether the training transform draws random numbers, i.e. whether exact resume
     needs each sample's randomness pinned down (``loaders.SeededSamples``)."""
-    return augment_policy(cfg) != "none"
+    return augment_policy(data) != "none"
 
 
 class RandomPadCrop(torch.nn.Module):
@@ -127,11 +129,11 @@ def _to_rgb(image):
     return image.convert("RGB")
 
 
-def image_decoder(cfg: TrainConfig, train: bool) -> Any:
+def image_decoder(data: Data, target: Target, train: bool) -> Any:
     """``(input, label) -> (tensor, label tensor)``: the torch engine's decoding of a row,
     for ``--data-engine ray``'s tasks (``ray_ddp.data.ray_data``)."""
     from ray_ddp.data.parquet_stream import decoder
 
-    if cfg.data.feature_column:
+    if data.feature_column:
         return decoder(False, None)
-    return decoder(True, image_transform(cfg, train=train))
+    return decoder(True, image_transform(data, target, train=train))

@@ -55,7 +55,10 @@ def build_worker_data(
     if cfg.data.data_engine == "ray":  # Ray Data reads and decodes (ray_ddp.data.ray_data)
         from ray_ddp.data.ray_data.worker import worker_data
 
-        return WorkerData(**worker_data(cfg, worker, waiting))
+        run_dir = cfg.checkpointing.run_dir
+        return WorkerData(
+            **worker_data(cfg.data, cfg.optim, cfg.global_batch_size, run_dir, worker, waiting)
+        )
     if cfg.data.download:
         for turn in (0, 1):
             if download_turn(worker.rank, worker.local_rank) == turn:
@@ -66,8 +69,10 @@ def build_worker_data(
     fingerprint = split_fingerprint(train_ds)
     train_ds = rig.hang_loader(harness, cfg.checkpointing.run_dir, train_ds)
     train_loader, train_order, val_loader = make_loaders(
-        cfg, task, train_ds, val_ds, worker.rank, worker.world_size, worker.device
-    )
+        cfg.optim, cfg.data, cfg.target, cfg.scaling, cfg.global_batch_size,
+        task, task.random_samples(cfg), train_ds, val_ds,
+        worker.rank, worker.world_size, worker.device,
+    )  # fmt: skip
     return WorkerData(
         train_loader,
         train_order,

@@ -22,7 +22,7 @@ import ray.train.torch
 import torch
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Data, Optimisation, Scaling
 from ray_ddp.data.loaders import SeededSamples
 from ray_ddp.data.order.global_order import GlobalOrderBatches, Slot
 
@@ -100,27 +100,28 @@ class OrderedData:
 
 
 def ordered_data(
-    cfg: TrainConfig, dataset: Dataset, rank: int, world_size: int,
-    collate: Callable[[list[Any]], Any] | None, random_samples: bool,
+    optim: Optimisation, data: Data, scaling: Scaling, global_batch: int, dataset: Dataset,
+    rank: int, world_size: int, collate: Callable[[list[Any]], Any] | None,
+    random_samples: bool,
 ) -> OrderedData:  # fmt: skip
-    """The loader of ``dataset`` in the global order of ``cfg``'s batch and seed, for
-    this rank: every step the same samples at any world size. ``random_samples``: each
-    sample's own randomness (augmentation) seeded from (seed, epoch, index)."""
+    """The loader of ``dataset`` in the global order of the run's batch (``global_batch``
+    samples per optimizer step) and seed, for this rank: every step the same samples at
+    any world size. ``random_samples``: each sample's own randomness (augmentation)
+    seeded from (seed, epoch, index)."""
     size = len(dataset)  # type: ignore[arg-type]
     order = GlobalOrderBatches(
-        size, batch_size=cfg.optim.batch_size, global_batch=cfg.global_batch_size,
-        seed=cfg.optim.seed,
+        size, batch_size=optim.batch_size, global_batch=global_batch, seed=optim.seed,
         rank=rank, world_size=world_size, tag_epoch=random_samples,
-        lockstep=cfg.scaling.strategy == "fsdp2",  # FSDP2: every rank as many passes per step
+        lockstep=scaling.strategy == "fsdp2",  # FSDP2: every rank as many passes per step
     )  # fmt: skip
-    workers = cfg.data.loader_workers or 0
+    workers = data.loader_workers or 0
     loader = DataLoader(
-        SeededSamples(dataset, cfg.optim.seed) if random_samples else dataset,
+        SeededSamples(dataset, optim.seed) if random_samples else dataset,
         batch_sampler=order,
         collate_fn=collate or default_collate,
         num_workers=workers,
         persistent_workers=workers > 0,
-        generator=torch.Generator().manual_seed(cfg.optim.seed),
+        generator=torch.Generator().manual_seed(optim.seed),
     )
     # Ray moves each batch to the device (its own sampler kept: no DistributedSampler).
     loader = ray.train.torch.prepare_data_loader(loader, add_dist_sampler=False)

@@ -66,7 +66,9 @@ class StepSource:
         run = self.run
         key = id(dataset)
         if key not in self.data:
-            data = ordered_data(run.config, dataset, run.rank, run.world_size, collate,
+            cfg = run.config
+            data = ordered_data(cfg.optim, cfg.data, cfg.scaling, cfg.global_batch_size,
+                                dataset, run.rank, run.world_size, collate,
                                 random_samples)  # fmt: skip
             self._check_order(data, dataset)
             self.data[key] = data

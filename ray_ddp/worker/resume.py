@@ -20,6 +20,7 @@ from ray_ddp.checkpoint.format import (
 )
 from ray_ddp.config import TrainConfig
 from ray_ddp.config.batch import accumulation, saved_global_batch
+from ray_ddp.config.sections import Optimisation
 from ray_ddp.data.order.continuation import order_change, saved_version
 from ray_ddp.io.storage import filesystem, list_checkpoints
 from ray_ddp.worker.data import WorkerData
@@ -151,7 +152,7 @@ def restore_training(
     if restored is None:
         return EpochSums(ledger=[] if ledger else None)
     saved = restored.state
-    notes = _restore_optimizer(restored, state, cfg)
+    notes = _restore_optimizer(restored, state, cfg.optim)
     notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress.from_saved(saved["progress"])
     if saved["progress"].get("batch"):  # an older format's position, in another order
@@ -165,7 +166,7 @@ def restore_training(
     sums = _partial_sums(saved, worker, ledger) if progress.sample else EpochSums()
     if ledger and sums.ledger is None:
         sums.ledger = []
-    notes += _world_size_change(saved, worker, cfg)
+    notes += _world_size_change(saved, worker, cfg.optim.batch_size, cfg.global_batch_size)
     saved_batch = run_global_batch(saved)
     if saved_batch != cfg.global_batch_size:
         # Another global batch (--allow-config-change): another number of steps per
@@ -208,43 +209,43 @@ def _partial_sums(saved: dict[str, Any], worker: Worker, ledger: bool) -> EpochS
     return EpochSums(sum(p[0] for p in parts), sum(int(p[1]) for p in parts), rows, count)
 
 
-def _world_size_change(saved: dict[str, Any], worker: Worker, cfg: TrainConfig) -> list[str]:
-    """The line's words for a resume at another world size (nothing at the same)."""
+def _world_size_change(
+    saved: dict[str, Any], worker: Worker, batch_size: int, global_batch: int
+) -> list[str]:
+    """The line's words for a resume at another world size (nothing at the same), of a
+    run of ``global_batch`` samples per step in micro-batches of ``batch_size``."""
     before, now = saved_world_size(saved), worker.world_size
     if before == now:
         return []
     config = saved.get("config", {})
     accum_before = run_global_batch(saved) // max(1, config.get("batch_size", 1) * before)
-    accum_now = accumulation(cfg.global_batch_size, cfg.optim.batch_size, now)
+    accum_now = accumulation(global_batch, batch_size, now)
     change = "lost" if now < before else "gained"
     workers = "worker" if abs(before - now) == 1 else "workers"
-    kept = run_global_batch(saved) == cfg.global_batch_size
+    kept = run_global_batch(saved) == global_batch
     return [
         f"{change} {abs(before - now)} {workers} since the checkpoint: continuing on {now} "
         f"{'worker' if now == 1 else 'workers'}, "
         f"accumulation {accum_before} -> {accum_now}"
-        + (f", global batch {cfg.global_batch_size} kept, same data order" if kept else "")
+        + (f", global batch {global_batch} kept, same data order" if kept else "")
     ]
 
 
-def _restore_optimizer(restored: Restored, state: TrainState, cfg: TrainConfig) -> list[str]:
-    """The optimizer's state and the schedule's (and a sharded checkpoint's weights)."""
+def _restore_optimizer(restored: Restored, state: TrainState, optim: Optimisation) -> list[str]:
+    """The optimizer's state and the schedule's (and a sharded checkpoint's weights);
+    ``optim``: what the flags say now (the optimizer kind, its hyperparameters)."""
     notes, saved = [], restored.state
     fresh = hyperparameters(state.optimizer)
-    saved_kind = saved.get("config", {}).get("optimizer", cfg.optim.optimizer)
+    saved_kind = saved.get("config", {}).get("optimizer", optim.optimizer)
     if restored.directory is not None:  # sharded: every rank reads its slices of both
-        load_shards(
-            restored.directory, state.model, state.optimizer, saved_kind == cfg.optim.optimizer
-        )
+        load_shards(restored.directory, state.model, state.optimizer, saved_kind == optim.optimizer)
         restored.release()
-    elif saved_kind == cfg.optim.optimizer:
+    elif saved_kind == optim.optimizer:
         state.optimizer.load_state_dict(saved["optimizer"])
-    if (
-        saved_kind != cfg.optim.optimizer
-    ):  # AdamW's moments mean nothing to SGD (and the other way round)
-        notes.append(f"optimizer {saved_kind} -> {cfg.optim.optimizer}: its state starts fresh")
+    if saved_kind != optim.optimizer:  # AdamW's moments mean nothing to SGD (and back)
+        notes.append(f"optimizer {saved_kind} -> {optim.optimizer}: its state starts fresh")
     state.scheduler.load_state_dict(saved["scheduler"])
-    changes = apply_hyperparameters(cfg.optim, state.optimizer, state.scheduler, fresh)
+    changes = apply_hyperparameters(optim, state.optimizer, state.scheduler, fresh)
     return notes + [f"{change} (from the flags)" for change in changes]
 
 

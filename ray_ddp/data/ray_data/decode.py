@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import ray
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Data, Target
 
 if TYPE_CHECKING:
     from ray_ddp.data.unreadable import BadSample
@@ -30,25 +30,24 @@ ACTOR_NAMESPACE = "ray_ddp"
 
 Decoder = Callable[[Any, Any], tuple]
 """``(input, label) -> (tensor, label tensor)``: one row decoded, as the task does it."""
-MakeDecoder = Callable[[TrainConfig, bool], Decoder]
-"""The task's decoder for a split (``train``: with its random augmentation); a function
+MakeDecoder = Callable[[Data, Target, bool], Decoder]
+"""The task's decoder for a split, of the data's and the model's settings (``train``: with
+its random augmentation); a function
 of a module every node imports (pickled by reference to Ray Data's tasks)."""
 
 
-def split_items(cfg: TrainConfig, split: str) -> tuple[list[dict[str, Any]], Any]:
+def split_items(data: Data, split: str) -> tuple[list[dict[str, Any]], Any]:
     """What a split is made of, cheap to list (Parquet footers, a folder listing):
     ``(items, source)`` where ``source`` is the Parquet split's ``SplitLayout`` (its row
     groups are the items) or the ImageFolder split's root."""
-    assert cfg.data.data_dir is not None
-    if cfg.data.dataset == "parquet":
+    assert data.data_dir is not None
+    if data.dataset == "parquet":
         from ray_ddp.data.parquet_stream import SplitLayout, split_path
 
-        path = split_path(cfg.data.data_dir, split)
-        layout = SplitLayout(
-            path, [cfg.data.feature_column or cfg.data.image_column, cfg.data.label_column]
-        )
+        path = split_path(data.data_dir, split)
+        layout = SplitLayout(path, [data.feature_column or data.image_column, data.label_column])
         return [{"piece": number} for number in range(len(layout.pieces))], layout
-    root = os.path.join(cfg.data.data_dir, split)
+    root = os.path.join(data.data_dir, split)
     items = [
         {"path": path, "label": label, "index": index}
         for index, (path, label) in enumerate(image_folder_files(root))
@@ -81,15 +80,16 @@ def split_size(items: list[dict[str, Any]], source: Any) -> int:
 
 class Decode:
     """``map_batches`` function: read and decode a batch of items into ``{"input",
-    "label"}`` rows with the task's decoder (``make_decoder(cfg, train)``, made in the Ray
+    "label"}`` rows with the task's decoder (``make_decoder(data, target, train)``, made in the Ray
     task; ``augmented``: it draws random numbers); rows that cannot be read or decoded
     (``unreadable.is_unreadable``) are left out and handed to ``report(split, records)``."""
 
     def __init__(
-        self, source: Any, cfg: TrainConfig, split: str, report: Any,
+        self, source: Any, data: Data, target: Target, split: str, report: Any,
         make_decoder: MakeDecoder, augmented: bool,
     ) -> None:  # fmt: skip
-        self.source, self.cfg, self.split, self.report = source, cfg, split, report
+        self.source, self.data, self.target = source, data, target
+        self.split, self.report = split, report
         self.make_decoder, self.augmented = make_decoder, augmented
         self._decode: Any = None
 
@@ -103,7 +103,7 @@ class Decode:
 
         train = self.split == "train"
         if self._decode is None:
-            self._decode = self.make_decoder(self.cfg, train)
+            self._decode = self.make_decoder(self.data, self.target, train)
         bad: list[BadSample] = []
         with torch.random.fork_rng(devices=[]):
             if train and self.augmented:  # a fresh draw per call (not reproducible)
@@ -181,22 +181,23 @@ class UnreadableRows:
         return rows
 
 
-def actor_name(cfg: TrainConfig) -> str:
-    return "ray_ddp_unreadable_" + hashlib.sha1(cfg.checkpointing.run_dir.encode()).hexdigest()[:16]
+def actor_name(run_dir: str) -> str:
+    return "ray_ddp_unreadable_" + hashlib.sha1(run_dir.encode()).hexdigest()[:16]
 
 
-def unreadable_actor(cfg: TrainConfig, create: bool = False):
-    """The run's :class:`UnreadableRows` actor (created where ``create``; owned by the
-    process that creates it: Ray Train's controller, for the run's length)."""
+def unreadable_actor(run_dir: str, create: bool = False):
+    """The :class:`UnreadableRows` actor of the run in ``run_dir`` (created where
+    ``create``; owned by the process that creates it: Ray Train's controller, for the
+    run's length)."""
     if create:
         return (
             ray.remote(UnreadableRows)
             .options(
-                name=actor_name(cfg), namespace=ACTOR_NAMESPACE, get_if_exists=True, num_cpus=0
+                name=actor_name(run_dir), namespace=ACTOR_NAMESPACE, get_if_exists=True, num_cpus=0
             )
             .remote()
         )
-    return ray.get_actor(actor_name(cfg), namespace=ACTOR_NAMESPACE)
+    return ray.get_actor(actor_name(run_dir), namespace=ACTOR_NAMESPACE)
 
 
 class Reporter:

@@ -10,8 +10,9 @@ from typing import Any
 import ray
 from ray.train import DataConfig
 
-from ray_ddp.config import ConfigError, TrainConfig
-from ray_ddp.config.batch import micro_batches
+from ray_ddp.config import ConfigError
+from ray_ddp.config.batch import global_batch, micro_batches
+from ray_ddp.config.sections import Data, Optimisation, Scaling, Target
 from ray_ddp.data.ray_data.decode import (
     FILES_PER_TASK,
     Decode,
@@ -30,31 +31,35 @@ shuffles per epoch and hands to its tasks."""
 class SplitBuilder:
     """What the trainer gets for a split: called by Ray Train's controller when a worker
     group starts (nothing is listed or read on the driver), it returns the split's
-    Dataset."""
+    Dataset. ``seed``: ``--seed`` (the training split's order of row groups or files);
+    ``run_dir``: the run's, whose actor collects the unreadable rows."""
 
     def __init__(
-        self, cfg: TrainConfig, split: str, task_cpus: float, make_decoder: MakeDecoder,
-        augmented: bool,
+        self, data: Data, target: Target, split: str, task_cpus: float,
+        make_decoder: MakeDecoder, augmented: bool, *, seed: int, run_dir: str,
     ) -> None:  # fmt: skip
-        self.cfg, self.split, self.task_cpus = cfg, split, task_cpus
+        self.data, self.target, self.split, self.task_cpus = data, target, split, task_cpus
         self.make_decoder, self.augmented = make_decoder, augmented
+        self.seed, self.run_dir = seed, run_dir
 
     def __call__(self):
         from ray.data import RandomSeedConfig
 
-        cfg, train = self.cfg, self.split == "train"
-        items, source = split_items(cfg, self.split)
-        report = Reporter(unreadable_actor(cfg, create=True))
-        decode = Decode(source, cfg, self.split, report, self.make_decoder, self.augmented)
+        data, train = self.data, self.split == "train"
+        items, source = split_items(data, self.split)
+        report = Reporter(unreadable_actor(self.run_dir, create=True))
+        decode = Decode(
+            source, data, self.target, self.split, report, self.make_decoder, self.augmented
+        )
         if train:  # a decode task's process imports torch and torchvision while Train starts
             module = self.make_decoder.__module__
             ray.remote(warm_up).options(num_cpus=self.task_cpus).remote(module)
-        per_call = 1 if cfg.data.dataset == "parquet" else FILES_PER_TASK
+        per_call = 1 if data.dataset == "parquet" else FILES_PER_TASK
         blocks = max(1, min(MAX_BLOCKS, math.ceil(len(items) / per_call)))
         ds = ray.data.from_items(items, override_num_blocks=blocks)
         if train:  # a new order of row groups / files every epoch, from --seed
             ds = ds.randomize_block_order(
-                seed=RandomSeedConfig(cfg.optim.seed, reseed_after_execution=True)
+                seed=RandomSeedConfig(self.seed, reseed_after_execution=True)
             )
         ds = ds.map_batches(decode, batch_size=per_call, num_cpus=self.task_cpus)
         ds.context.print_on_execution_start = False  # one line per epoch per split
@@ -108,24 +113,36 @@ class Splits(DataConfig):
 
 
 def trainer_datasets(
-    cfg: TrainConfig, task_cpus: float, make_decoder: MakeDecoder, augmented: bool
-) -> dict[str, Any]:
+    data: Data, target: Target, optim: Optimisation, scaling: Scaling, run_dir: str,
+    task_cpus: float, make_decoder: MakeDecoder, augmented: bool,
+) -> dict[str, Any]:  # fmt: skip
     """The TorchTrainer's ``datasets`` and ``dataset_config`` for ``--data-engine ray``
-    (a resolved config: workers known, Ray connected; ``task_cpus``: what each decode
-    task asks for, ``ray_ddp.cluster.resources.data_task_cpus``; the task's decoder and
-    whether it draws random numbers). Refuses what cannot run."""
-    workers = cfg.scaling.num_workers or 1
-    per_step = micro_batches(cfg.global_batch_size, cfg.optim.batch_size)
+    (workers resolved in ``scaling``, Ray connected; ``run_dir``: the run's, whose actor
+    collects the unreadable rows; ``task_cpus``: what each decode task asks for,
+    ``ray_ddp.cluster.resources.data_task_cpus``; the task's decoder and whether it draws
+    random numbers). Refuses what cannot run."""
+    workers = scaling.num_workers or 1
+    batch = global_batch(optim.batch_size, scaling.worker_range[1], optim.accum_steps)
+    per_step = micro_batches(batch, optim.batch_size)
     if per_step % workers:
         raise ConfigError(
             f"--data-engine ray needs every worker to train the same micro-batches per step: "
-            f"a global batch of {cfg.global_batch_size} makes {per_step} of "
-            f"{cfg.optim.batch_size}, "
+            f"a global batch of {batch} makes {per_step} of "
+            f"{optim.batch_size}, "
             f"which {workers} workers do not share equally"
         )
     return {
         "datasets": {
-            split: SplitBuilder(cfg, split, task_cpus, make_decoder, augmented)
+            split: SplitBuilder(
+                data,
+                target,
+                split,
+                task_cpus,
+                make_decoder,
+                augmented,
+                seed=optim.seed,
+                run_dir=run_dir,
+            )
             for split in ("train", "val")
         },
         "dataset_config": Splits(),

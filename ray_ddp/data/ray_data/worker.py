@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Data, Optimisation
 from ray_ddp.data.order.global_order import Slot, micro_batch_count
 from ray_ddp.data.ray_data.decode import split_items, split_size, unreadable_actor
 
@@ -212,33 +212,33 @@ def _words(seed: int, epoch: int, rank: int) -> int:
     return int(np.random.SeedSequence(seed, spawn_key=(3, epoch, rank)).generate_state(1)[0])
 
 
-def worker_data(cfg: TrainConfig, worker: Any, waiting: Callable[[bool], None]) -> dict[str, Any]:
+def worker_data(
+    data: Data, optim: Optimisation, global_batch: int, run_dir: str, worker: Any,
+    waiting: Callable[[bool], None],
+) -> dict[str, Any]:  # fmt: skip
     """``ray_ddp.worker.data.WorkerData``'s fields for this worker: its Ray Data shards
-    (every worker calls this: getting a shard is a barrier); ``waiting``: see
-    :class:`StreamOrder`."""
+    (every worker calls this: getting a shard is a barrier) of the run's ``global_batch``
+    (samples per optimizer step) and ``run_dir`` (where its unreadable rows are
+    collected); ``waiting``: see :class:`StreamOrder`."""
     import ray.train
 
     train_shard = ray.train.get_dataset_shard("train")
     val_shard = ray.train.get_dataset_shard("val")
-    sizes = [split_size(*split_items(cfg, split)) for split in ("train", "val")]
+    sizes = [split_size(*split_items(data, split)) for split in ("train", "val")]
     take_bad = None
     if worker.is_main:
-        actor = unreadable_actor(cfg)
+        actor = unreadable_actor(run_dir)
         take_bad = lambda split: ray.get(actor.take.remote(split))  # noqa: E731
-    pin = (
-        bool(cfg.data.pin_memory)
-        if cfg.data.pin_memory is not None
-        else worker.device.type == "cuda"
-    )
+    pin = bool(data.pin_memory) if data.pin_memory is not None else worker.device.type == "cuda"
     order = StreamOrder(
         train_shard,
         size=sizes[0],
-        batch_size=cfg.optim.batch_size,
-        global_batch=cfg.global_batch_size,
-        seed=cfg.optim.seed,
+        batch_size=optim.batch_size,
+        global_batch=global_batch,
+        seed=optim.seed,
         rank=worker.rank,
         world_size=worker.world_size,
-        shuffle_buffer=cfg.data.shuffle_buffer,
+        shuffle_buffer=data.shuffle_buffer,
         pin_memory=pin,
         take_bad=take_bad,
         waiting=waiting,
@@ -246,7 +246,7 @@ def worker_data(cfg: TrainConfig, worker: Any, waiting: Callable[[bool], None]) 
     return {
         "train_loader": TrainBatches(order),
         "train_order": order,
-        "val_loader": EvalBatches(val_shard, cfg.optim.batch_size * 2, pin, take_bad),
+        "val_loader": EvalBatches(val_shard, optim.batch_size * 2, pin, take_bad),
         "train_size": sizes[0],
         "val_size": sizes[1],
         "steps_per_epoch": order.steps,
