@@ -324,7 +324,7 @@ def _one_epoch(unreadable: set[int], micro: int, per_step: int = 8):
 def _epochs(unreadable: set[int], micro: int, per_step: int = 8, epochs: int = 1,
             stand_in=None):  # fmt: skip
     """``epochs`` epochs on one ``StepCore`` (one attempt), each a call of
-    ``train_segment`` as ``WorkerRun.train_epoch`` makes it; ``stand_in``: the core's first
+    ``train_segment`` as ``worker.loop.train_epoch`` makes it; ``stand_in``: the core's first
     stand-in (the attempt's example batch)."""
     cfg = TrainConfig(
         batch_size=micro, accum_steps=per_step // micro, num_workers=1, seed=4, grad_clip=0

@@ -27,9 +27,7 @@ from ray_ddp.checkpoint.format import (
     task_meta,
 )
 from ray_ddp.config import TrainConfig
-from ray_ddp.config.sections import step_range
 from ray_ddp.data.seeding import draw_seed, seed_initial_weights
-from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.task import Sum
 from ray_ddp.testing import harness as rig
 from ray_ddp.testing.harness import Harness
@@ -48,13 +46,13 @@ from ray_ddp.worker.own_parts import (
 )
 from ray_ddp.worker.position import Position
 from ray_ddp.worker.precision import autocast, grad_scaler
-from ray_ddp.worker.profile import StepProfiler
 from ray_ddp.worker.report import unscored
 from ray_ddp.worker.resume import find_restore_point
 from ray_ddp.worker.run_tracking import RunTracking
 from ray_ddp.worker.sharding import bf16_policy, default_blocks, shard_model
 from ray_ddp.worker.start import number_attempt, safeguards
 from ray_ddp.worker.timing import StepTimer
+from ray_ddp.worker.watch import Outputs, step_hooks, step_profiler
 
 
 class Run:
@@ -79,11 +77,7 @@ class Run:
         self.reclaims, self.limits = guards.reclaims, guards.limits
         self.timer = StepTimer(who=f"rank {worker.rank}")
         self.tracker = self._tracker(tracking)
-        steps = step_range(cfg.logging.profile_steps)
-        self.profiler = (
-            StepProfiler(steps, cfg.checkpointing.run_dir, self.attempt.number, worker.rank,
-                         worker.device, worker.log) if steps else None
-        )  # fmt: skip
+        self.profiler = step_profiler(cfg, worker, self.attempt.number)
         self.hooks = self._hooks(harness)
         self.scaler = grad_scaler(cfg.optim.amp, worker.device)
         if self.restored is not None:
@@ -100,23 +94,11 @@ class Run:
         seed_initial_weights(cfg.optim.seed)  # the loop's models: the same weights on every rank
 
     def _hooks(self, harness: Harness) -> hooked.Hooks:
-        """What watches every step, as in the built-in loop (``worker.hooks``)."""
-        cfg, worker = self.config, self.worker
-        guard = LossGuard(worker.device, worker.rank, check_every=cfg.logging.log_every_steps)
-        chain: list[hooked.StepHook] = [
-            hooked.WatchdogSteps(self.watchdog),
-            hooked.Faults(harness, cfg.checkpointing.run_dir, worker.rank),
-            hooked.Timing(self.timer),
-            hooked.Guard(guard),
-        ]
-        if worker.is_main and cfg.logging.progress_interval_s > 0:
-            chain.append(hooked.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
-        if self.tracker is not None:
-            chain.append(self.tracker.hook(cfg.logging.log_every_steps))
+        """What watches every step, as in the built-in loop (``worker.watch``)."""
         if self.profiler is not None:
             self.profiler.begin(self.position.step)
-            chain.append(hooked.Profiled(self.profiler))
-        return hooked.Hooks(*chain)
+        return step_hooks(self.config, self.worker, self.watchdog, harness,
+                          hooked.Timing(self.timer), (), self.tracker, self.profiler)  # fmt: skip
 
     def _tracker(self, tracking: dict[str, Any] | None) -> RunTracking | None:
         """Rank 0's experiment tracker (``--tracking``), on the run's tracker run, with
@@ -361,16 +343,10 @@ def own_loop_per_worker(config: dict[str, Any]) -> dict[str, Any]:
     )
     run = Run(cfg, worker, config["task"], config["harness"], config.get("notices", True),
               config.get("tracking"))  # fmt: skip
-    ended: dict[str, Any] = {}
     try:
         config["task"].function(run)
         summary = run.summary()
     finally:
         run.watchdog.stop()
-        if run.profiler is not None:
-            run.profiler.close()
-            if run.profiler.result:
-                ended["profile"] = run.profiler.result
-        if run.tracker is not None:
-            ended["tracking"] = run.tracker.close()
+        ended = Outputs(tracker=run.tracker, profiler=run.profiler).close()
     return {**summary, **ended}

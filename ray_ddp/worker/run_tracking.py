@@ -1,5 +1,5 @@
 """Rank 0's experiment tracker over one run, as a part both loops use (the built-in
-``worker.run`` and an own loop's ``worker.own_loop``): opened on the tracker run the run
+``worker.loop`` and an own loop's ``worker.own_loop``): opened on the tracker run the run
 already has (kept in its folder, else named in its own checkpoint), its per-step points
 sent by the ``Tracked`` step-level hook, each report's metrics sent at once (and waited
 for after the run's last), its id carried into the next checkpoint, closed at the end with
