@@ -241,10 +241,12 @@ def _watch(
     if settings is not None:
         tracker = RunTracking(settings, cfg.checkpointing.run_dir, worker, progress.tracking_run,
                               progress.tracked_since)  # fmt: skip
-    outputs = Outputs(logs, tracker, step_profiler(cfg, worker, attempt))
+    run_dir = cfg.checkpointing.run_dir
+    outputs = Outputs(logs, tracker, step_profiler(cfg.logging, run_dir, attempt, worker))
     timing, skips = hooked.Timing(StepTimer(who=f"rank {worker.rank}")), hooked.Skips(SkipLog())
     between: list[hooked.StepHook] = [skips, hooked.Ledger()]
     if logs is not None:
         between.append(hooked.StepLogs(logs, cfg.logging.log_every_steps))
-    hooks = step_hooks(cfg, worker, watchdog, harness, timing, between, tracker, outputs.profiler)
+    hooks = step_hooks(cfg.logging, run_dir, cfg.optim.epochs, worker, watchdog, harness, timing,
+                       between=between, tracker=tracker, profiler=outputs.profiler)  # fmt: skip
     return StepWatch(hooks, timing, skips), outputs

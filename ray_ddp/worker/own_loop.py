@@ -77,7 +77,8 @@ class Run:
         self.reclaims, self.limits = guards.reclaims, guards.limits
         self.timer = StepTimer(who=f"rank {worker.rank}")
         self.tracker = self._tracker(tracking)
-        self.profiler = step_profiler(cfg, worker, self.attempt.number)
+        self.profiler = step_profiler(cfg.logging, cfg.checkpointing.run_dir, self.attempt.number,
+                                      worker)  # fmt: skip
         self.hooks = self._hooks(harness)
         self.scaler = grad_scaler(cfg.optim.amp, worker.device)
         if self.restored is not None:
@@ -97,8 +98,10 @@ class Run:
         """What watches every step, as in the built-in loop (``worker.watch``)."""
         if self.profiler is not None:
             self.profiler.begin(self.position.step)
-        return step_hooks(self.config, self.worker, self.watchdog, harness,
-                          hooked.Timing(self.timer), (), self.tracker, self.profiler)  # fmt: skip
+        cfg = self.config
+        return step_hooks(cfg.logging, cfg.checkpointing.run_dir, cfg.optim.epochs, self.worker,
+                          self.watchdog, harness, hooked.Timing(self.timer),
+                          tracker=self.tracker, profiler=self.profiler)  # fmt: skip
 
     def _tracker(self, tracking: dict[str, Any] | None) -> RunTracking | None:
         """Rank 0's experiment tracker (``--tracking``), on the run's tracker run, with

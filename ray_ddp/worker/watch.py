@@ -10,8 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ray_ddp.config import TrainConfig
-from ray_ddp.config.sections import step_range
+from ray_ddp.config.sections import Logging, step_range
 from ray_ddp.reliability.hangs.watchdog import NullWatchdog, Watchdog
 from ray_ddp.reliability.loss_guard import LossGuard
 from ray_ddp.testing.harness import Harness
@@ -24,25 +23,29 @@ if TYPE_CHECKING:
     from ray_ddp.io.run_logs import RunLogs  # tensorboardX: rank 0's alone
 
 
-def step_profiler(cfg: TrainConfig, worker: Worker, attempt: int) -> StepProfiler | None:
-    """The rank's profiler over ``--profile-steps`` (None without the flag)."""
-    steps = step_range(cfg.logging.profile_steps)
+def step_profiler(
+    logging: Logging, run_dir: str, attempt: int, worker: Worker
+) -> StepProfiler | None:
+    """The rank's profiler over ``--profile-steps`` (None without the flag), writing into
+    ``run_dir``'s folder of attempt ``attempt``."""
+    steps = step_range(logging.profile_steps)
     if not steps:
         return None
-    return StepProfiler(steps, cfg.checkpointing.run_dir, attempt, worker.rank, worker.device,
-                        worker.log)  # fmt: skip
+    return StepProfiler(steps, run_dir, attempt, worker.rank, worker.device, worker.log)
 
 
 def step_hooks(
-    cfg: TrainConfig, worker: Worker, watchdog: Watchdog | NullWatchdog, harness: Harness,
-    timing: hooked.Timing, between: Sequence[hooked.StepHook] = (),
-    tracker: RunTracking | None = None, profiler: StepProfiler | None = None,
+    logging: Logging, run_dir: str, epochs: int, worker: Worker,
+    watchdog: Watchdog | NullWatchdog, harness: Harness, timing: hooked.Timing, *,
+    between: Sequence[hooked.StepHook] = (), tracker: RunTracking | None = None,
+    profiler: StepProfiler | None = None,
 ) -> hooked.Hooks:  # fmt: skip
     """What watches every step, in this order: the watchdog, a test's faults (after the
     watchdog is told, before the loss guard sees the loss), ``timing``, the loss guard,
     then ``between`` (the built-in loop's unreadable samples, ledger and TensorBoard), rank
-    0's progress line, the tracker's points, the profiler."""
-    run_dir, every = cfg.checkpointing.run_dir, cfg.logging.log_every_steps
+    0's progress line (of ``epochs``), the tracker's points, the profiler. ``run_dir``:
+    where a test's faults leave their marks."""
+    every = logging.log_every_steps
     chain: list[hooked.StepHook] = [
         hooked.WatchdogSteps(watchdog),
         hooked.Faults(harness, run_dir, worker.rank),
@@ -50,8 +53,8 @@ def step_hooks(
         hooked.Guard(LossGuard(worker.device, worker.rank, check_every=every)),
         *between,
     ]
-    if worker.is_main and cfg.logging.progress_interval_s > 0:
-        chain.append(hooked.Progress(cfg.logging.progress_interval_s, cfg.optim.epochs))
+    if worker.is_main and logging.progress_interval_s > 0:
+        chain.append(hooked.Progress(logging.progress_interval_s, epochs))
     if tracker is not None:
         chain.append(tracker.hook(every))
     if profiler is not None:
