@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pytest
@@ -49,6 +50,14 @@ def test_a_builtin_sample_is_made_from_its_index_alone_at_any_split_size():
     assert image.shape == (3, 16, 16) and image.dtype == torch.float32
     with pytest.raises(IndexError):
         small[64]
+    # A small split is kept whole once read (made in chunks: across their edges too), and
+    # holds the samples made on read; a copy sent elsewhere makes its own.
+    mid, _ = make_synthetic(5, 2100, 8)
+    edges = [0, 1023, 1024, 2047, 2048, 2099]
+    assert torch.equal(mid.batch(edges)[0], huge.batch(edges)[0])
+    assert torch.equal(mid.batch(edges)[1], huge.batch(edges)[1])
+    assert small.whole is not None and mid.whole is not None and huge.whole is None
+    assert pickle.loads(pickle.dumps(mid)).whole is None
 
 
 def test_cifar10_batch_files(tmp_path):
