@@ -212,14 +212,15 @@ def _restored_core(
     wrapped = wrap_model(model, channels_last, cfg.target.compile,
                          (task, cfg.optim.amp, worker) if fsdp else None)  # fmt: skip
     state = build_train_state(cfg, worker, task, wrapped, data)
-    sums = restore_training(restored, state, worker, cfg, data.steps_per_epoch, ledger)
+    sums = restore_training(restored, state, worker, cfg.optim, cfg.global_batch_size,
+                            data.steps_per_epoch, ledger)  # fmt: skip
     if restored is None or not restored.own:  # --resume-from's tracker run is not ours
         state.progress.tracking_run, state.progress.tracked_since = None, 0
     if worker.is_main:  # bad_samples.csv as the checkpoint left it
         state.progress.bad_sample_rows = rewind(cfg.checkpointing.run_dir, restored, worker.log)
     # Inside an epoch: only on the order its position counts in (a Ray Data stream's
     # epoch restarts).
-    sums = continue_epoch(restored, state, worker, cfg, data, sums)
+    sums = continue_epoch(restored, state, worker, cfg.checkpointing.restart_epoch, data, sums)
     core = StepCore(state, task, amp, worker.device, cfg.optim.seed, cfg.optim.grad_clip,
                     channels_last, worker.rank)  # fmt: skip
     return core, sums
