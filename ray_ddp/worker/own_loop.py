@@ -66,7 +66,7 @@ class Run:
     ) -> None:  # fmt: skip
         self.config, self.worker, self.loop = cfg, worker, loop
         self.device, self.amp = worker.device, cfg.optim.amp
-        self.attempt = number_attempt(cfg, worker)
+        self.attempt = number_attempt(cfg.checkpointing.run_dir, worker)
         self.restored = find_restore_point(cfg.checkpointing.resume_from, worker)
         self.meta = task_meta(cfg.target.task, {})
         self.position = self._restore_position()
