@@ -133,7 +133,8 @@ def build_parts(config: dict[str, Any]) -> Parts:
     )
     me = f"rank {worker.rank}"
     mark("loop entered (process group up)", me)
-    attempt = number_attempt(cfg.checkpointing.run_dir, worker)  # first: whatever fails later is its own
+    # First: whatever fails later is its own.
+    attempt = number_attempt(cfg.checkpointing.run_dir, worker)
     waiting = _DataWait()
     data = build_worker_data(cfg, worker, task, facts, harness, waiting)
     mark("data built", me)
