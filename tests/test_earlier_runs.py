@@ -72,7 +72,8 @@ def test_an_earlier_checkpoint_loads_checks_and_restores():
     now = TrainConfig(**FLAGS)
     train = _restored(now)
     worker = Worker(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
-    restore_training(Restored(state, CHECKPOINT), train, worker, now, steps_per_epoch=10)
+    restore_training(Restored(state, CHECKPOINT), train, worker, now.optim, now.global_batch_size,
+                     steps_per_epoch=10)  # fmt: skip
     assert (train.progress.epoch, train.progress.sample, train.progress.step) == (1, 160, 8)
     assert train.scheduler.last_epoch == 3  # the optimizer steps it had taken
     assert set(train.optimizer.state_dict()["state"]) == set(state["optimizer"]["state"])
@@ -87,14 +88,14 @@ def test_an_earlier_checkpoint_finishes_its_epoch_in_its_own_order(capsys):
     train, state = _restored(now), load_state(CHECKPOINT)
     worker = Worker(rank=0, local_rank=0, world_size=2, device=torch.device("cpu"))
     restored = Restored(state, CHECKPOINT)
-    restore_training(restored, train, worker, now, steps_per_epoch=188)
+    restore_training(restored, train, worker, now.optim, now.global_batch_size, steps_per_epoch=188)
     splits = make_synthetic(now.optim.seed)
     order = GlobalOrderBatches(len(splits[0]), batch_size=32, global_batch=64, seed=7, rank=0,
                                world_size=2, tag_epoch=False)  # fmt: skip
     record = order_record(order.plan, None)
     loaders = (DataLoader(splits[0], batch_sampler=order), DataLoader(splits[1]))
     data = WorkerData(loaders[0], order, loaders[1], 12_000, 2_000, 188, 1, record)
-    continue_epoch(restored, train, worker, now, data, EpochSums())
+    continue_epoch(restored, train, worker, now.checkpointing.restart_epoch, data, EpochSums())
     assert "epoch 2 is finished in the order its checkpoint counted in (order version 1)" in (
         capsys.readouterr().out
     )
@@ -126,7 +127,8 @@ def test_a_streamed_checkpoint_of_the_whole_list_order_finishes_its_epoch_in_it(
     saved = {**record, "version": ORDER_VERSION}  # what a run before version 3 recorded
     train.progress = TrainProgress(epoch=1, sample=96, step=order.plan.steps + 3, order=saved)
     data = WorkerData(None, order, None, len(split), 0, order.plan.steps, 2, record)
-    continue_epoch(Restored({}, "the checkpoint"), train, worker, now, data, EpochSums())
+    continue_epoch(Restored({}, "the checkpoint"), train, worker, now.checkpointing.restart_epoch,
+                   data, EpochSums())  # fmt: skip
     lines = [line for line in capsys.readouterr().out.splitlines() if "order version" in line]
     assert len(lines) == 1 and "epoch 2 is finished in the order its checkpoint" in lines[0]
     assert "(order version 2); the epochs after it take version 3" in lines[0]

@@ -58,7 +58,9 @@ def test_the_flags_hyperparameters_replace_the_saved_ones_and_are_named(capsys):
     new = TrainConfig(lr=1e-5, weight_decay=0.05, optimizer="sgd", momentum=0.5, epochs=4)
     old.scaling.num_workers = new.scaling.num_workers = 2
     state = _state(new)
-    restore_training(_saved(old, 2, world=2), state, _worker(), new, STEPS_PER_EPOCH)
+    restore_training(
+        _saved(old, 2, world=2), state, _worker(), new.optim, new.global_batch_size, STEPS_PER_EPOCH
+    )
     group = state.optimizer.param_groups[0]
     # Half way through the schedule (20 of 40 steps), at the new peak lr.
     assert group["lr"] == pytest.approx(1e-5 * lr_factor(20, 2, 40, new.optim.min_lr_ratio))
@@ -72,7 +74,7 @@ def test_an_unchanged_config_resumes_with_the_saved_lr_to_the_bit():
     cfg = TrainConfig(epochs=4, num_workers=2)
     restored = _saved(cfg, 1, world=2)
     state = _state(cfg)
-    restore_training(restored, state, _worker(), cfg, STEPS_PER_EPOCH)
+    restore_training(restored, state, _worker(), cfg.optim, cfg.global_batch_size, STEPS_PER_EPOCH)
     saved_lr = restored.state["optimizer"]["param_groups"][0]["lr"]
     assert state.optimizer.param_groups[0]["lr"] == saved_lr
     assert state.scheduler.last_epoch == STEPS_PER_EPOCH
@@ -89,7 +91,9 @@ def test_another_world_size_continues_the_same_schedule_and_says_so(
     cfg = TrainConfig(epochs=10, num_workers=4, batch_size=8)
     restored = _saved(cfg, 5, world=saved_world)
     state = _state(cfg)
-    restore_training(restored, state, _worker(world), cfg, STEPS_PER_EPOCH)
+    restore_training(
+        restored, state, _worker(world), cfg.optim, cfg.global_batch_size, STEPS_PER_EPOCH
+    )
     assert state.scheduler.last_epoch == 5 * STEPS_PER_EPOCH
     saved_lr = restored.state["optimizer"]["param_groups"][0]["lr"]
     assert state.optimizer.param_groups[0]["lr"] == saved_lr
@@ -111,7 +115,7 @@ def test_another_global_batch_continues_the_schedule_at_the_epochs_done():
     restored = _saved(saved_cfg, 5, world=2)
     steps_now = STEPS_PER_EPOCH // 2
     state = TrainState(*_scaled(cfg, steps_now * 10))
-    restore_training(restored, state, _worker(2), cfg, steps_now)
+    restore_training(restored, state, _worker(2), cfg.optim, cfg.global_batch_size, steps_now)
     assert state.scheduler.last_epoch == 5 * steps_now
     warmup = max(1, round(0.05 * steps_now * 10))
     expected = cfg.optim.lr * lr_factor(
@@ -140,6 +144,8 @@ def test_fp16_resumes_a_checkpoint_saved_without_a_scaler(capsys):
     enabled = torch.amp.GradScaler("cpu", enabled=True)
     with pytest.raises(RuntimeError):  # what every worker hit before
         torch.amp.GradScaler("cpu", enabled=True).load_state_dict({})
-    restore_training(restored, _state(cfg, enabled), _worker(), cfg, STEPS_PER_EPOCH)
+    restore_training(
+        restored, _state(cfg, enabled), _worker(), cfg.optim, cfg.global_batch_size, STEPS_PER_EPOCH
+    )
     assert enabled.get_scale() == 2.0**16
     assert "fp16 starts from the initial loss scale" in capsys.readouterr().out

@@ -23,7 +23,8 @@ class RunsOutOfMemory(torch.nn.Module):
 )
 def test_out_of_memory_names_the_batch_in_training_and_in_evaluation(phase, size):
     cfg = TrainConfig(batch_size=64, accum_steps=2, num_workers=4)  # resolved, as in a worker
-    with pytest.raises(RuntimeError) as raised, explain_oom(cfg, WORKER, phase):
+    oom = explain_oom(cfg.optim.batch_size, cfg.global_batch_size, WORKER, phase)
+    with pytest.raises(RuntimeError) as raised, oom:
         RunsOutOfMemory()(torch.zeros(1))
     message = str(raised.value)
     assert message.startswith(f"out of memory on rank 1 (cpu) during {phase} with {size}")
@@ -34,6 +35,6 @@ def test_out_of_memory_names_the_batch_in_training_and_in_evaluation(phase, size
 def test_other_errors_pass_through_unchanged():
     with (
         pytest.raises(ValueError, match="not memory"),
-        explain_oom(TrainConfig(), WORKER, "training"),
+        explain_oom(32, 64, WORKER, "training"),
     ):
         raise ValueError("not memory")

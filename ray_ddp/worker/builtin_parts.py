@@ -133,7 +133,8 @@ def build_parts(config: dict[str, Any]) -> Parts:
     )
     me = f"rank {worker.rank}"
     mark("loop entered (process group up)", me)
-    attempt = number_attempt(cfg, worker)  # first: whatever fails later is its own
+    # First: whatever fails later is its own.
+    attempt = number_attempt(cfg.checkpointing.run_dir, worker)
     waiting = _DataWait()
     data = build_worker_data(cfg, worker, task, facts, harness, waiting)
     mark("data built", me)
@@ -148,9 +149,10 @@ def build_parts(config: dict[str, Any]) -> Parts:
     guards = safeguards(cfg, worker, attempt, harness, config.get("notices", True), mode)
     waiting.watchdog = watchdog = guards.watchdog
     try:
-        _check_and_load(cfg, model, meta, restored)
+        _check_and_load(cfg.scaling.strategy, model, meta, restored)
         # Counted on the whole model: under FSDP2 before sharding takes it apart.
-        counted = _counted(cfg, worker, task, model, data, watchdog) if fsdp else None
+        amp = cfg.optim.amp
+        counted = _counted(amp, worker, task, model, data, watchdog) if fsdp else None
         core, sums = _restored_core(cfg, worker, task, model, data, restored, harness.sample_ledger)
         comm = cfg.logging.comm_stats and is_distributed() and not fsdp  # DDP's comm hook
         counter = attach_counter(core.state.model) if comm else None
@@ -162,7 +164,7 @@ def build_parts(config: dict[str, Any]) -> Parts:
         if outputs.tracker is not None:
             outputs.tracker.params(tracker_params(cfg, worker, task, data))
         mark("rank table, logs", me)
-        flops, core.stand_in = counted or _counted(cfg, worker, task, core.state.model, data,
+        flops, core.stand_in = counted or _counted(amp, worker, task, core.state.model, data,
                                                    watchdog)  # fmt: skip
         mark("FLOPs counted", me)
     except BaseException:
@@ -175,25 +177,27 @@ def build_parts(config: dict[str, Any]) -> Parts:
 
 
 def _counted(
-    cfg: TrainConfig, worker: Worker, task: Task, model: torch.nn.Module, data: WorkerData,
+    amp: str, worker: Worker, task: Task, model: torch.nn.Module, data: WorkerData,
     watchdog: Watchdog | NullWatchdog,
 ) -> tuple[FlopRate, Any]:  # fmt: skip
-    """The model's FLOPs, counted on an example batch of this rank's validation share,
-    and the example: the step's first stand-in (``step.StepCore.stand_in``)."""
+    """The model's FLOPs at ``amp`` (``--amp``), counted on an example batch of this
+    rank's validation share, and the example: the step's first stand-in
+    (``step.StepCore.stand_in``)."""
     example = example_batch(data, worker.device, watchdog)
-    return count_flops(cfg, worker, task, model, example, watchdog), example
+    return count_flops(amp, worker, task, model, example, watchdog), example
 
 
 def _check_and_load(
-    cfg: TrainConfig, model: torch.nn.Module, meta: dict[str, Any], restored: Restored | None
+    strategy: str, model: torch.nn.Module, meta: dict[str, Any], restored: Restored | None
 ) -> None:
-    """The restore point checked against this run, and its weights loaded before DDP
-    broadcasts rank 0's (a sharded checkpoint's are read into the shards, later)."""
+    """The restore point checked against this run (its task, its ``--strategy``), and its
+    weights loaded before DDP broadcasts rank 0's (a sharded checkpoint's are read into
+    the shards, later)."""
     if restored is None:
         return
     check_compatible(restored.state, meta, restored.source)
-    check_strategy(restored.state, cfg.scaling.strategy, restored.source)
-    if cfg.scaling.strategy != "fsdp2":
+    check_strategy(restored.state, strategy, restored.source)
+    if strategy != "fsdp2":
         model.load_state_dict(restored.state["model"])
 
 
@@ -212,14 +216,15 @@ def _restored_core(
     wrapped = wrap_model(model, channels_last, cfg.target.compile,
                          (task, cfg.optim.amp, worker) if fsdp else None)  # fmt: skip
     state = build_train_state(cfg, worker, task, wrapped, data)
-    sums = restore_training(restored, state, worker, cfg, data.steps_per_epoch, ledger)
+    sums = restore_training(restored, state, worker, cfg.optim, cfg.global_batch_size,
+                            data.steps_per_epoch, ledger)  # fmt: skip
     if restored is None or not restored.own:  # --resume-from's tracker run is not ours
         state.progress.tracking_run, state.progress.tracked_since = None, 0
     if worker.is_main:  # bad_samples.csv as the checkpoint left it
         state.progress.bad_sample_rows = rewind(cfg.checkpointing.run_dir, restored, worker.log)
     # Inside an epoch: only on the order its position counts in (a Ray Data stream's
     # epoch restarts).
-    sums = continue_epoch(restored, state, worker, cfg, data, sums)
+    sums = continue_epoch(restored, state, worker, cfg.checkpointing.restart_epoch, data, sums)
     core = StepCore(state, task, amp, worker.device, cfg.optim.seed, cfg.optim.grad_clip,
                     channels_last, worker.rank)  # fmt: skip
     return core, sums

@@ -14,7 +14,6 @@ from typing import Any
 import torch
 
 from ray_ddp.checkpoint.format import unwrap
-from ray_ddp.config import TrainConfig
 from ray_ddp.data.unreadable import skipped_line
 from ray_ddp.reliability.hangs.watchdog import watched
 from ray_ddp.worker.builtin_parts import Parts
@@ -78,7 +77,8 @@ def validate(parts: Parts) -> EvalResult:
     broadcast_buffers(model)
     then = "evaluation: all-reduce of the sums"
     batches = watched(parts.data.val_loader, "evaluation", watchdog, then=then)
-    with explain_oom(parts.cfg, parts.worker, "evaluation"):
+    cfg = parts.cfg
+    with explain_oom(cfg.optim.batch_size, cfg.global_batch_size, parts.worker, "evaluation"):
         return evaluate(model, batches, parts.worker.device, parts.task, parts.core.amp,
                         stand_in=parts.core.stand_in)  # fmt: skip
 
@@ -151,18 +151,21 @@ def _keep_tracker_run(parts: Parts) -> None:
 
 
 @contextlib.contextmanager
-def explain_oom(cfg: TrainConfig, worker: Worker, phase: str) -> Iterator[None]:
-    """Turn an out-of-memory error into what to change: the per-worker batch."""
+def explain_oom(
+    batch_size: int, global_batch: int, worker: Worker, phase: str
+) -> Iterator[None]:
+    """Turn an out-of-memory error into what to change: the per-worker batch
+    (``--batch-size``), keeping the run's ``global_batch``."""
     try:
         yield
     except torch.OutOfMemoryError as exc:
         size = (
-            f"batches of 2 x --batch-size = {2 * cfg.optim.batch_size}"
+            f"batches of 2 x --batch-size = {2 * batch_size}"
             if phase == "evaluation"  # no activations kept for backward: twice the batch
-            else f"--batch-size {cfg.optim.batch_size}"
+            else f"--batch-size {batch_size}"
         )
         raise RuntimeError(
             f"out of memory on rank {worker.rank} ({worker.device}) during {phase} with {size} "
             f"per worker: lower --batch-size and raise --accum-steps to keep the global batch "
-            f"of {cfg.global_batch_size}"
+            f"of {global_batch}"
         ) from exc

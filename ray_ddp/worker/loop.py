@@ -109,13 +109,14 @@ def train_epoch(parts: Parts, sums: EpochSums) -> EpochTrained:
     """Epoch ``progress.epoch`` from ``progress.sample`` on, in passes that stop where a
     checkpoint is due; the epoch's training over every rank."""
     data, progress, guards = parts.data, parts.progress, parts.guards
+    batch_size, global_batch = parts.cfg.optim.batch_size, parts.cfg.global_batch_size
     started, trained, skipped = time.perf_counter(), 0, 0
     while True:
         # A new, reproducible order every epoch, from where a checkpoint left it.
         data.train_order.set_position(progress.epoch, progress.sample)
         if data.order_record is not None:  # its checkpoints name the order they count in
             progress.order = {**data.order_record, "version": data.train_order.plan.version}
-        with explain_oom(parts.cfg, parts.worker, "training"):
+        with explain_oom(batch_size, global_batch, parts.worker, "training"):
             segment = train_segment(parts.core, data.train_order, data.train_loader, sums,
                                     parts.watch.hooks, guards.limits)  # fmt: skip
         sums, trained = segment.sums, trained + segment.samples

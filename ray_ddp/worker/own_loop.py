@@ -66,7 +66,7 @@ class Run:
     ) -> None:  # fmt: skip
         self.config, self.worker, self.loop = cfg, worker, loop
         self.device, self.amp = worker.device, cfg.optim.amp
-        self.attempt = number_attempt(cfg, worker)
+        self.attempt = number_attempt(cfg.checkpointing.run_dir, worker)
         self.restored = find_restore_point(cfg.checkpointing.resume_from, worker)
         self.meta = task_meta(cfg.target.task, {})
         self.position = self._restore_position()
@@ -87,7 +87,7 @@ class Run:
         self.states: dict[str, Any] = {}
         self.models: list[torch.nn.Module] = []
         self.source = StepSource(self)
-        self.evaluation = Evaluation(self)
+        self.evaluation = Evaluation(cfg.optim, worker, self.watchdog)
         self.history: list[dict[str, Any]] = []
         self.ranks = rank_rows(worker)
         self.stopped = False
@@ -193,7 +193,7 @@ class Run:
                 raise ValueError(f"run.register: {name!r} is registered already")
             self.states[name] = obj
             if self.restored is not None:
-                load_into(self, obj, name, self.restored)
+                load_into(self.models, obj, name, self.restored)
 
     def epochs(self) -> Iterator[int]:
         """The epochs left (0-based), to ``--epochs`` or ``--max-steps`` or ``stop()``.
@@ -289,7 +289,7 @@ class Run:
         saved = saved_states(self) if checkpoint and self.is_main else None
         sharded = self.config.scaling.strategy == "fsdp2"  # every rank writes its shards
         if checkpoint:
-            shards = functools.partial(write_shards, self) if sharded else None
+            shards = functools.partial(write_shards, self.models, self.states) if sharded else None
             self.checkpointer.save(values, saved, shards)
         else:
             import ray.train

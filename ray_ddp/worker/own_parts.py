@@ -1,8 +1,9 @@
 """The parts under an own loop's verbs (``worker.own_loop.Run``) that are its alone so far:
 the steps of an epoch that advance the run's position (:class:`StepSource`), the exact
 evaluation of any dataset (:class:`Evaluation`), and the named states a checkpoint holds
-(:func:`saved_states`, :func:`load_into`). Each reads the run's position and config;
-none advances the position but :class:`StepSource`.
+(:func:`saved_states`, :func:`load_into`). :class:`StepSource` and :func:`saved_states`
+read the run (its position, config, hooks; the steps call back its ``report``), the others
+take what they use; none advances the position but :class:`StepSource`.
 """
 
 from __future__ import annotations
@@ -25,16 +26,18 @@ from ray_ddp.checkpoint.format import (
     is_sharded,
     unwrap,
 )
+from ray_ddp.config.sections import Optimisation
 from ray_ddp.data.loaders import eval_loader
 from ray_ddp.data.order.continuation import order_change, order_record, split_fingerprint
 from ray_ddp.data.seeding import seed_micro_batch
 from ray_ddp.data.unreadable import SkipUnreadable, SkipUnreadableCollate
-from ray_ddp.reliability.hangs.watchdog import watched
+from ray_ddp.reliability.hangs.watchdog import NullWatchdog, Watchdog, watched
 from ray_ddp.task import Sum
 from ray_ddp.task.batches import first_tensor
 from ray_ddp.worker.collectives import broadcast_buffers, is_distributed
 from ray_ddp.worker.evaluate import evaluate
 from ray_ddp.worker.hooks import Pass, observed_loss
+from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.micro import Micro, OrderedData, Step, epoch_steps, ordered_data, step_end
 
 if TYPE_CHECKING:
@@ -178,26 +181,29 @@ class _Measured:
 
 
 class Evaluation:
-    """Exact evaluation of any dataset: every sample on one rank, sums all-reduced."""
+    """Exact evaluation of any dataset: every sample on one rank, sums all-reduced, in
+    batches of twice ``--batch-size`` at ``--amp`` (``optim``)."""
 
-    def __init__(self, run: Run) -> None:
-        self.run = run
+    def __init__(
+        self, optim: Optimisation, worker: Worker, watchdog: Watchdog | NullWatchdog
+    ) -> None:
+        self.optim, self.worker, self.watchdog = optim, worker, watchdog
         self.loaders: dict[int, Any] = {}
 
     def measure(self, model, dataset, metrics, collate) -> dict[str, float]:
-        run = self.run
+        worker, watchdog = self.worker, self.watchdog
         key = id(dataset)
         if key not in self.loaders:
             options = {"collate_fn": SkipUnreadableCollate(collate or default_collate)}
-            batch = run.config.optim.batch_size * 2
-            self.loaders[key] = eval_loader(SkipUnreadable(dataset), batch, run.rank,
-                                            run.world_size, **options)  # fmt: skip
+            batch = self.optim.batch_size * 2
+            self.loaders[key] = eval_loader(SkipUnreadable(dataset), batch, worker.rank,
+                                            worker.world_size, **options)  # fmt: skip
         inner = unwrap(model)
-        run.watchdog.doing("evaluation: broadcast of rank 0's buffers", collective=True)
+        watchdog.doing("evaluation: broadcast of rank 0's buffers", collective=True)
         broadcast_buffers(inner)  # every rank evaluates the weights a checkpoint holds
-        batches = watched(self.loaders[key], "evaluation", run.watchdog,
+        batches = watched(self.loaders[key], "evaluation", watchdog,
                           then="evaluation: all-reduce of the sums")  # fmt: skip
-        result = evaluate(inner, batches, run.device, _Measured(metrics), run.config.optim.amp)  # type: ignore[arg-type]
+        result = evaluate(inner, batches, worker.device, _Measured(metrics), self.optim.amp)  # type: ignore[arg-type]
         return {**result.means, "samples": float(result.samples)}
 
 
@@ -229,9 +235,10 @@ def saved_states(run: Run) -> dict[str, Any]:
     }
 
 
-def load_into(run: Run, obj: Any, name: str, restored: Restored) -> None:
+def load_into(models: list[torch.nn.Module], obj: Any, name: str, restored: Restored) -> None:
     """Registered state ``name`` loaded from the restore point into ``obj`` (from its
-    shards, every rank its part, where the checkpoint is sharded: a collective)."""
+    shards, every rank its part, where the checkpoint is sharded: a collective; ``models``:
+    the run's set-up models, among which an optimizer's is found)."""
     saved = restored.state
     held = saved["states"].keys() | set(saved.get("sharded_states", ()))
     if name not in held:
@@ -240,38 +247,43 @@ def load_into(run: Run, obj: Any, name: str, restored: Restored) -> None:
     if is_sharded(saved):
         import torch.distributed.checkpoint as dcp
 
-        wanted = {name: _sharded_state(run, obj)}
+        wanted = {name: _sharded_state(models, obj)}
         dcp.load(wanted, checkpoint_id=os.path.join(restored.directory, SHARDS))  # type: ignore[arg-type]
-        _load_sharded(run, obj, wanted[name])
+        _load_sharded(models, obj, wanted[name])
         return
     target = unwrap(obj) if isinstance(obj, torch.nn.Module) else obj
     target.load_state_dict(saved["states"][name])
 
 
-def write_shards(run: Run, directory: str) -> None:
-    """``--strategy fsdp2``: every registered state's part on this rank into
+def write_shards(
+    models: list[torch.nn.Module], states: dict[str, Any], directory: str
+) -> None:
+    """``--strategy fsdp2``: every registered state's part on this rank (``states``; the
+    run's set-up ``models``) into
     ``directory/shards`` (DCP, a collective: whatever the world size that reads them
     back): a sharded model's and its optimizer's shards, and every other state (an EMA
     whose tensors are shards too, a schedule) whole."""
     import torch.distributed.checkpoint as dcp
 
-    for model in run.models:  # BatchNorm statistics: rank 0's, as DDP saves them
+    for model in models:  # BatchNorm statistics: rank 0's, as DDP saves them
         broadcast_buffers(unwrap(model))
-    states = {name: _sharded_state(run, obj) for name, obj in run.states.items()}
-    dcp.save(states, checkpoint_id=os.path.join(directory, SHARDS))
+    shards = {name: _sharded_state(models, obj) for name, obj in states.items()}
+    dcp.save(shards, checkpoint_id=os.path.join(directory, SHARDS))
 
 
-def _optimized_model(run: Run, optimizer: torch.optim.Optimizer) -> torch.nn.Module | None:
+def _optimized_model(
+    models: list[torch.nn.Module], optimizer: torch.optim.Optimizer
+) -> torch.nn.Module | None:
     """The set-up FSDP2 model whose parameters ``optimizer`` updates (None: none)."""
     first = next((p for g in optimizer.param_groups for p in g["params"]), None)
-    for model in run.models:
+    for model in models:
         inner = unwrap(model)
         if is_fsdp(inner) and any(p is first for p in inner.parameters()):
             return inner
     return None
 
 
-def _sharded_state(run: Run, obj: Any) -> Any:
+def _sharded_state(models: list[torch.nn.Module], obj: Any) -> Any:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
         get_optimizer_state_dict,
@@ -280,13 +292,13 @@ def _sharded_state(run: Run, obj: Any) -> Any:
     if isinstance(obj, torch.nn.Module) and is_fsdp(unwrap(obj)):
         return get_model_state_dict(unwrap(obj))
     if isinstance(obj, torch.optim.Optimizer):
-        model = _optimized_model(run, obj)
+        model = _optimized_model(models, obj)
         if model is not None:
             return get_optimizer_state_dict(model, obj)
     return _state_of(obj)
 
 
-def _load_sharded(run: Run, obj: Any, state: Any) -> None:
+def _load_sharded(models: list[torch.nn.Module], obj: Any, state: Any) -> None:
     from torch.distributed.checkpoint.state_dict import (
         set_model_state_dict,
         set_optimizer_state_dict,
@@ -296,7 +308,7 @@ def _load_sharded(run: Run, obj: Any, state: Any) -> None:
         set_model_state_dict(unwrap(obj), state)
         return
     if isinstance(obj, torch.optim.Optimizer):
-        model = _optimized_model(run, obj)
+        model = _optimized_model(models, obj)
         if model is not None:
             set_optimizer_state_dict(model, obj, state)
             return

@@ -18,7 +18,6 @@ from ray_ddp.checkpoint.format import (
     is_sharded,
     load_state,
 )
-from ray_ddp.config import TrainConfig
 from ray_ddp.config.batch import accumulation, saved_global_batch
 from ray_ddp.config.sections import Optimisation
 from ray_ddp.data.order.continuation import order_change, saved_version
@@ -137,7 +136,8 @@ def restore_training(
     restored: Restored | None,
     state: TrainState,
     worker: Worker,
-    cfg: TrainConfig,
+    optim: Optimisation,
+    global_batch: int,
     steps_per_epoch: int,
     ledger: bool = False,
 ) -> EpochSums:
@@ -146,13 +146,15 @@ def restore_training(
     before a mid-epoch checkpoint (zero at an epoch boundary): all ranks' totals on rank
     0, so the resumed epoch's loss is exact at any world size.
 
-    What the flags say wins over what the checkpoint saved: the peak lr, weight decay and
-    momentum, the optimizer kind and the precision; the resume line names each change.
-    ``ledger``: a test's sample ledger is kept (``ray_ddp.testing``)."""
+    What the flags say (``optim``) wins over what the checkpoint saved: the peak lr,
+    weight decay and momentum, the optimizer kind and the precision; the resume line
+    names each change. ``global_batch``: this run's, against the checkpoint's (another
+    world size keeps it; another one moves the schedule). ``ledger``: a test's sample
+    ledger is kept (``ray_ddp.testing``)."""
     if restored is None:
         return EpochSums(ledger=[] if ledger else None)
     saved = restored.state
-    notes = _restore_optimizer(restored, state, cfg.optim)
+    notes = _restore_optimizer(restored, state, optim)
     notes += _restore_scaler(saved, state)
     progress = state.progress = TrainProgress.from_saved(saved["progress"])
     if saved["progress"].get("batch"):  # an older format's position, in another order
@@ -166,15 +168,15 @@ def restore_training(
     sums = _partial_sums(saved, worker, ledger) if progress.sample else EpochSums()
     if ledger and sums.ledger is None:
         sums.ledger = []
-    notes += _world_size_change(saved, worker, cfg.optim.batch_size, cfg.global_batch_size)
+    notes += _world_size_change(saved, worker, optim.batch_size, global_batch)
     saved_batch = run_global_batch(saved)
-    if saved_batch != cfg.global_batch_size:
+    if saved_batch != global_batch:
         # Another global batch (--allow-config-change): another number of steps per
         # epoch, so the schedule continues at the epochs done, in this run's steps.
         step = progress.epoch * steps_per_epoch
         set_schedule_step(state.scheduler, step)
         notes.append(
-            f"global batch {saved_batch} -> {cfg.global_batch_size}: the LR schedule "
+            f"global batch {saved_batch} -> {global_batch}: the LR schedule "
             f"continues at step {step}"
         )
     where = f", {progress.sample} samples into epoch {progress.epoch + 1}"
@@ -262,15 +264,15 @@ def continue_epoch(
     restored: Restored | None,
     state: TrainState,
     worker: Worker,
-    cfg: TrainConfig,
+    restart: bool,
     data: WorkerData,
     sums: EpochSums,
 ) -> EpochSums:
     """After a restore inside an epoch: continue it only on the order its position was
     counted in (``data.order.continuation``); where the data or the order's flags changed,
-    refuse in one line, or start the epoch over with ``--restart-epoch``. A position of an
-    older order version finishes its epoch in that order. Returns the sums to continue
-    with."""
+    refuse in one line, or start the epoch over where ``restart`` (``--restart-epoch``).
+    A position of an older order version finishes its epoch in that order. Returns the
+    sums to continue with."""
     progress, record, steps_per_epoch = state.progress, data.order_record, data.steps_per_epoch
     saved, progress.order = progress.order, record
     if record is None:  # a Ray Data stream
@@ -279,7 +281,7 @@ def continue_epoch(
     if restored is None or not progress.sample:
         return sums
     change = None if saved is None else order_change(saved, record)  # None: an older one
-    if change is not None and cfg.checkpointing.restart_epoch:
+    if change is not None and restart:
         return restart_epoch(state, worker, steps_per_epoch, sums, f"--restart-epoch: {change}")
     if change is not None:
         raise ResumeRefusedError(

@@ -16,6 +16,7 @@ import torch
 
 from ray_ddp.checkpoint.format import unwrap
 from ray_ddp.config import TrainConfig
+from ray_ddp.config.sections import Reliability
 from ray_ddp.data.unreadable import take_skipped
 from ray_ddp.io import reporting
 from ray_ddp.reliability.attempts import record_attempt
@@ -45,28 +46,31 @@ class Attempt:
     """Every rank's (host, pid), in rank order."""
 
 
-def number_attempt(cfg: TrainConfig, worker: Worker) -> Attempt:
-    """This attempt's number (rank 0 adds it to ``<run>/attempts.csv``) and every rank's
-    host and pid, known to every rank (a collective)."""
+def number_attempt(run_dir: str, worker: Worker) -> Attempt:
+    """This attempt's number (rank 0 adds it to ``<run_dir>/attempts.csv``) and every
+    rank's host and pid, known to every rank (a collective)."""
     number = 0
     if worker.is_main:
         checkpoint = ray.train.get_checkpoint()
         name = os.path.basename(checkpoint.path.rstrip("/")) if checkpoint else ""
-        number = record_attempt(cfg.checkpointing.run_dir, worker.world_size, name)
+        number = record_attempt(run_dir, worker.world_size, name)
     gathered = all_gather((number, socket.gethostname(), os.getpid()))
     return Attempt(gathered[0][0], tuple((host, pid) for _, host, pid in gathered))
 
 
-def start_watchdog(cfg: TrainConfig, worker: Worker, attempt: Attempt) -> Watchdog | NullWatchdog:
-    """The rank's hang watchdog, started (a null one with ``--hang-timeout 0``)."""
-    if cfg.reliability.hang_timeout == 0:
+def start_watchdog(
+    reliability: Reliability, run_dir: str, worker: Worker, attempt: Attempt
+) -> Watchdog | NullWatchdog:
+    """The rank's hang watchdog, started (a null one with ``--hang-timeout 0``); its
+    reports go under the run's folder, ``run_dir``."""
+    if reliability.hang_timeout == 0:
         return NullWatchdog()
-    folder = hang_folder(cfg.checkpointing.run_dir, attempt.number)
+    folder = hang_folder(run_dir, attempt.number)
     site = HangSite(worker.rank, worker.world_size, attempt.number, folder, attempt.peers)
     return Watchdog(
         on_hang=lambda stall: handle_hang(stall, site),
-        steady_s=cfg.reliability.hang_timeout,
-        grace_s=cfg.reliability.hang_grace,
+        steady_s=reliability.hang_timeout,
+        grace_s=reliability.hang_grace,
         peer_check=site.peer_found_hang,
     ).start()
 
@@ -89,7 +93,7 @@ def safeguards(
 ) -> Safeguards:  # fmt: skip
     """The run's :class:`Safeguards`, the watchdog started; ``mode``: the checkpointer's
     (``sync``, ``async``); ``notices``: whether Ray watches the nodes for reclaims."""
-    watchdog = start_watchdog(cfg, worker, attempt)
+    watchdog = start_watchdog(cfg.reliability, cfg.checkpointing.run_dir, worker, attempt)
     checkpointer = Checkpointer(
         mode, worker.log, rig.checkpoint_hook(harness, cfg.checkpointing.run_dir)
     )
@@ -220,7 +224,7 @@ def example_batch(data: WorkerData, device: torch.device, watchdog: Watchdog | N
 
 
 def count_flops(
-    cfg: TrainConfig,
+    amp: str,
     worker: Worker,
     task: Task,
     model: torch.nn.Module,
@@ -228,10 +232,10 @@ def count_flops(
     watchdog: Watchdog | NullWatchdog,
 ) -> FlopRate:
     """FLOPs per training sample, counted once on ``example`` (a forward and backward of
-    a copy of the model), and the workers' peak on GPUs of a known kind: for ``--amp
-    off``, that of the precision torch runs this model's matmuls and convolutions in,
-    read here, after the task built the model and ran its loss (``flops.run_peak``);
-    rank 0 logs them."""
+    a copy of the model), and the workers' peak on GPUs of a known kind at ``amp`` (the
+    run's ``--amp``): for ``--amp off``, that of the precision torch runs this model's
+    matmuls and convolutions in, read here, after the task built the model and ran its
+    loss (``flops.run_peak``); rank 0 logs them."""
     watchdog.doing("start: counting the model's FLOPs", slow=True)
     count = None
     if example is not None:
@@ -240,6 +244,6 @@ def count_flops(
     peak, precision = None, ""
     if worker.device.type == "cuda":
         name = torch.cuda.get_device_name(worker.device)
-        peak, precision = run_peak(name, cfg.optim.amp, count.conv_share if count else 0.0)
+        peak, precision = run_peak(name, amp, count.conv_share if count else 0.0)
     worker.log(flops_line(per_sample, peak, precision))
     return FlopRate(per_sample, peak * worker.world_size if peak else None)
