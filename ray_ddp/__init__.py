@@ -6,7 +6,7 @@ The public API (see ``task`` for the interface and the README, "Your own model")
 
 and for a training loop of your own (``docs/own-loop.md``)::
 
-    from ray_ddp import Run, launch, load_state, main
+    from ray_ddp import Run, launch, load_state, main, sweep
 
 Where everything lives: ``docs/architecture.md``, the one map of the package's folders and
 modules (each folder's ``__init__`` says its concern in a line or two).
@@ -30,6 +30,7 @@ _PUBLIC = {
     "Run": "ray_ddp.worker.own_loop",
     "launch": "ray_ddp.driver.own_loop",
     "main": "ray_ddp.driver.own_loop",
+    "sweep": "ray_ddp.driver.own_loop",
     "load_state": "ray_ddp.checkpoint.format:registered_states",
 }
 __all__ = sorted(_PUBLIC)

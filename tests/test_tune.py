@@ -1,9 +1,11 @@
-"""Ray Tune sweeps on the real path: local Ray, 2 CPU workers per trial, ASHA."""
+"""Ray Tune sweeps on the real path: local Ray, 2 CPU workers per trial, ASHA; and an own
+loop's sweep (``ray_ddp.sweep``), 1 worker per trial."""
 
 from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import signal
 import subprocess
@@ -13,7 +15,8 @@ import time
 import pytest
 import torch
 
-from ray_ddp.checkpoint.format import load_model
+import ray_ddp
+from ray_ddp.checkpoint.format import load_checkpoint_state, load_model
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig
 from ray_ddp.driver.cli import tune_main
 from ray_ddp.driver.sweep_results import trial_lr
@@ -43,6 +46,68 @@ def test_scale_lr_follows_the_global_batch():
     config = {"lr": 0.01, "batch_size": 128, "scale_lr": True, "train": {"batch_size": 64}}
     assert trial_lr(config) == pytest.approx(0.02)
     assert trial_lr({**config, "scale_lr": False}) == 0.01
+
+
+def test_an_own_loops_sweep_refuses_bad_input_before_ray(capsys):
+    """``ray_ddp.sweep`` refuses what ``jobs/tune.py`` and ``ray_ddp.main`` refuse, in one
+    line, exit 2, before Ray starts (the fast tier fails any test that starts it)."""
+    from examples.own_loop import seed_port
+
+    for argv, line in (
+        (["--data-engine", "ray"], "--data-engine ray"),
+        (["--lr-min", "0.1", "--lr-max", "0.01"], "need 0 < --lr-min <= --lr-max"),
+        (["--num-workers", "1-2"], "(elastic) is for jobs/train.py"),
+    ):
+        assert ray_ddp.sweep(seed_port.main, argv) == 2, argv
+        assert line in capsys.readouterr().err, argv
+
+
+# An own loop's sweep script: ``jobs/tune.py`` for seed_port.py's loop.
+OWN_SWEEP = (
+    "import sys\n"
+    "import ray_ddp\n"
+    "from examples.own_loop import seed_port\n"
+    "sys.exit(ray_ddp.sweep(seed_port.main, sys.argv[1:], best_metric='acc', best_mode='max'))"
+)
+
+
+@pytest.mark.ray
+def test_an_own_loops_sweep_runs_every_trial_with_its_lr_and_batch(ray_session, storage):
+    """``ray_ddp.sweep`` (issue 45): 2 trials of ``examples/own_loop/seed_port.py``'s loop,
+    1 epoch on 1 worker each, both at once on the 2 CPUs (2 fits). Each trial's loop built
+    its Adam from ``run.config.optim.lr`` and split its data by
+    ``run.config.optim.batch_size``: its checkpoint's optimizer holds the trial's lr and
+    its position the steps of the trial's batch. The summary names the best trial.
+
+    A process of its own that joins the shared Ray, as jobs/tune.py is run: Tune ends a
+    trial at its last report, and the trial's Train placement group is released when
+    the sweep's driver ends (measured in-process: still held 30 s after the sweep)."""
+    address = ray_session.get_runtime_context().gcs_address
+    path = os.path.join(storage, "own.json")
+    argv = ["--address", address, "--storage-path", storage, "--name", "own",
+            "--num-samples", "2", "--epochs", "1", "--lr-min", "1e-3", "--lr-max", "1e-1",
+            "--batch-sizes", "8,16", "--train-samples", "96", "--val-samples", "40",
+            "--num-workers", "1", "--cpus-per-worker", "0.9", "--summary-json", path]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", OWN_SWEEP, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"own loop's 2-trial sweep: {time.perf_counter() - started:.0f} s")
+    with open(path) as file:
+        summary = json.load(file)
+    trials = summary["trials"]
+    assert len(trials) == 2 and trials[0]["lr"] != trials[1]["lr"], trials
+    assert summary["metric"] == "val_acc" and summary["mode"] == "max"
+    for trial in trials:
+        assert trial["status"] == "finished" and math.isfinite(trial["best_value"]), trial
+        states = ray_ddp.load_state(trial["best_checkpoint"])
+        assert states["optimizer"]["param_groups"][0]["lr"] == pytest.approx(trial["lr"])
+        progress = load_checkpoint_state(trial["best_checkpoint"])["progress"]
+        assert (progress["epoch"], progress["step"]) == (1, 96 // trial["batch_size"]), trial
+    best = summary["best"]
+    assert best["trial"] in {t["trial"] for t in trials}
+    assert best["best_value"] == max(t["best_value"] for t in trials)
 
 
 @pytest.mark.ray

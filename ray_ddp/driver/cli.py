@@ -19,7 +19,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from ray_ddp.config import ConfigError, SweepConfig, TrainConfig, validate, validate_sweep
 from ray_ddp.config.fields import first_problem
@@ -169,8 +169,9 @@ def tune_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _tune(argv: Sequence[str] | None) -> None:
-    args = tune_parser().parse_args(argv)
+def tune_configs(args: argparse.Namespace) -> tuple[TrainConfig, SweepConfig]:
+    """The trials' TrainConfig and the SweepConfig of parsed ``tune_parser`` flags, each
+    bad value refused (before torch and Ray are imported)."""
     sweep = from_args(SweepConfig, args)
     # Trials interleave their output: per-epoch lines only, no in-epoch progress bars.
     cfg = train_config(args).replace(progress_interval_s=0)
@@ -181,15 +182,25 @@ def _tune(argv: Sequence[str] | None) -> None:
             "fixed --num-workers"
         )
     validate_sweep(sweep, cfg)
+    return cfg, sweep
 
+
+def print_sweep(summary: dict[str, Any], cfg: TrainConfig) -> None:
+    """A finished sweep's results table, and its summary to ``--summary-json``."""
     from ray_ddp.driver.summary import write_summary
     from ray_ddp.driver.sweep_results import results_table
-    from ray_ddp.driver.tune import run_sweep
 
-    summary = run_sweep(cfg, sweep)
     print(results_table(summary), flush=True)
     if cfg.logging.summary_json:
         write_summary(summary, cfg.logging.summary_json)
+
+
+def _tune(argv: Sequence[str] | None) -> None:
+    cfg, sweep = tune_configs(tune_parser().parse_args(argv))
+
+    from ray_ddp.driver.tune import run_sweep
+
+    print_sweep(run_sweep(cfg, sweep), cfg)
 
 
 def tune_main(argv: Sequence[str] | None = None) -> int:

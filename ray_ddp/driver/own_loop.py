@@ -1,7 +1,8 @@
 """Running a training loop of the user's own (``ray_ddp.launch``, ``ray_ddp.main``):
 the same driver as ``jobs/train.py`` (checks, the cluster, the TorchTrainer with its
 storage, names, failures and elastic range, the summary), with the loop's function in
-every worker instead of the built-in loop (``worker.own_loop``)."""
+every worker instead of the built-in loop (``worker.own_loop``); and its Ray Tune sweep
+(``ray_ddp.sweep``), the same driver as ``jobs/tune.py`` (``driver.tune``)."""
 
 from __future__ import annotations
 
@@ -69,3 +70,31 @@ def main(
             write_summary(summary, cfg.logging.summary_json)
 
     return exit_code(job)
+
+
+def sweep(
+    function: Callable[[Any], None], argv: Sequence[str] | None = None, *,
+    best_metric: str = "loss", best_mode: str = "min", **defaults: Any,
+) -> int:  # fmt: skip
+    """An own loop's Ray Tune sweep over lr and per-worker batch size: ``jobs/tune.py``'s
+    command line (``defaults``: the loop's own defaults for its flags), every trial a run
+    of ``function`` whose ``run.config.optim`` holds the trial's ``lr`` and
+    ``batch_size``; the trials ranked by ``val_<best_metric>`` (``best_mode``). The
+    results table printed and ``--summary-json`` written; returns the exit code
+    (``driver.cli.exit_code``; 1 where no trial reported a result)."""
+    from ray_ddp.driver.cli import exit_code, print_sweep, tune_configs, tune_parser
+
+    def job() -> None:
+        parser = tune_parser()
+        parser.prog = sys.argv[0] if argv is None else parser.prog
+        parser.set_defaults(**defaults)
+        cfg, sweep_cfg = tune_configs(parser.parse_args(argv))
+        loop = OwnLoop(function, best_metric, best_mode)
+        cfg = cfg.replace(task=loop.spec, export=False)
+        refuse_unsupported(cfg.data)
+        from ray_ddp.driver.tune import run_sweep
+
+        print_sweep(run_sweep(cfg, sweep_cfg, loop), cfg)
+
+    # A sweep in which no trial reported a result raises RuntimeError: the training failed.
+    return exit_code(job, failed=(RuntimeError,))

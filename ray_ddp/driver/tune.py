@@ -5,6 +5,8 @@ Every trial is a full distributed TorchTrainer run of the same loop as ``jobs/tr
 reach Tune through Ray's Train-to-Tune callback, and ASHA stops weak trials at its rungs.
 Concurrency is derived from what the cluster has and what one trial needs, so trials
 never wait on each other for resources; a trial that cannot fit at all is refused at once.
+A sweep of a task given as an object (an own loop, ``ray_ddp.sweep``) hands that object
+to every trial; a task named by ``--task`` is loaded by its name in each trial.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ray_ddp.driver.prepare import prepare_cluster_run
 from ray_ddp.driver.sweep_results import trial_lr, trial_row, write_outputs
 from ray_ddp.driver.tracking import finish_sweep, open_sweep
 from ray_ddp.io.storage import exists, join, storage_location, uri_of
+from ray_ddp.task import Task
 
 
 def plan_concurrency(scaling: Scaling, sweep: SweepConfig, resources: dict[str, float]) -> int:
@@ -53,8 +56,10 @@ def plan_concurrency(scaling: Scaling, sweep: SweepConfig, resources: dict[str, 
     return max(1, min(fit, sweep.max_concurrent_trials or fit, sweep.num_samples))
 
 
-def _run_trial(config: dict[str, Any]) -> None:
-    """One Tune trial: a complete TorchTrainer run with this trial's lr and batch size."""
+def _run_trial(config: dict[str, Any], task: Task | None = None) -> None:
+    """One Tune trial: a complete TorchTrainer run with this trial's lr and batch size, of
+    ``task`` (the sweep's object: an own loop, whose function no name can load), else of
+    the task ``--task`` names."""
     import ray.tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
@@ -64,7 +69,8 @@ def _run_trial(config: dict[str, Any]) -> None:
     from ray_ddp.task.loading import load_task
 
     base = TrainConfig.from_dict(config["train"])
-    prepared = PreparedTask(load_task(base.target.task), config["facts"], None, None)
+    task = task if task is not None else load_task(base.target.task)
+    prepared = PreparedTask(task, config["facts"], None, None)
     trial_id = ray.tune.get_context().get_trial_id()
     cfg = base.replace(
         lr=trial_lr(config),
@@ -95,20 +101,22 @@ def refuse_existing(sweep_dir: str) -> None:
         )
 
 
-def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
-    """Validate, connect, plan, sweep. Returns the summary (best trial and all trials)."""
+def run_sweep(cfg: TrainConfig, sweep: SweepConfig, task: Task | None = None) -> dict[str, Any]:
+    """Validate, connect, plan, sweep ``task`` (an object every trial gets: an own loop),
+    else the task ``cfg.target.task`` names. Returns the summary (best trial and all
+    trials)."""
     validate_sweep(sweep, cfg)
     if cfg.checkpointing.name and not sweep.resume:
         refuse_existing(
             join(storage_location(cfg.checkpointing.storage_path), cfg.checkpointing.name)
         )
-    cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes, dashboard=True)
-    task = prepared.task
-    metric, mode = f"val_{task.best_metric}", task.best_mode
+    cfg, prepared = prepare_cluster_run(cfg, sweep.batch_sizes, task, dashboard=True)
+    metric, mode = f"val_{prepared.task.best_metric}", prepared.task.best_mode
     import ray
 
     concurrency = plan_concurrency(cfg.scaling, sweep, ray.cluster_resources())
-    name = cfg.checkpointing.name or f"sweep-{task.name(cfg)}-{time.strftime('%Y%m%d-%H%M%S')}"
+    label = prepared.task.name(cfg)
+    name = cfg.checkpointing.name or f"sweep-{label}-{time.strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = join(cfg.checkpointing.storage_path, name)
     cfg = cfg.replace(name=None, summary_json=None)
     _announce(cfg.scaling, cfg.optim, sweep, name, sweep_dir, concurrency)
@@ -118,7 +126,7 @@ def run_sweep(cfg: TrainConfig, sweep: SweepConfig) -> dict[str, Any]:
     tracking, parent = open_sweep(cfg.logging, cfg.checkpointing, name, sweep_dir, searched)
     started = time.perf_counter()
     tuner = _tuner(cfg, sweep, name, sweep_dir, concurrency, prepared.facts, metric, mode,
-                   parent)  # fmt: skip
+                   parent, task)  # fmt: skip
     grid = tuner.fit()
     wall_s = time.perf_counter() - started
     trials = [trial_row(result, cfg.optim.epochs, metric, mode) for result in grid]
@@ -177,8 +185,11 @@ def _tuner(
     metric: str,
     mode: str,
     parent: str | None = None,
+    task: Task | None = None,
 ):
-    """The sweep's Tuner: the one at ``sweep_dir`` continued (``--resume``), or a new one."""
+    """The sweep's Tuner: the one at ``sweep_dir`` continued (``--resume``), or a new one.
+    ``task``: the object every trial runs, through Ray's object store
+    (``tune.with_parameters``: pickled once, not in every trial's config and results)."""
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
     from ray.tune.search import BasicVariantGenerator
@@ -186,7 +197,8 @@ def _tuner(
     from ray_ddp.cluster.connect import alive_nodes
     from ray_ddp.driver.run import shared_resume_from
 
-    trainable = tune.with_resources(_run_trial, {"CPU": sweep.trial_cpus})
+    trial = _run_trial if task is None else tune.with_parameters(_run_trial, task=task)
+    trainable = tune.with_resources(trial, {"CPU": sweep.trial_cpus})
     if sweep.resume:
         if not tune.Tuner.can_restore(sweep_dir):
             raise ConfigError(f"--resume: no sweep to continue at {sweep_dir}")
