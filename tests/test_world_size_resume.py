@@ -39,10 +39,15 @@ def test_a_run_stopped_by_a_nan_continued_on_one_worker_is_the_same_run(
     run_dir = os.path.join(storage, "moved")
     # Rank 1's loss turns NaN at step 53 (epoch 2, after the checkpoint at step 50).
     # A restart would meet it again: not retried, though --max-failures allows one.
+    # Synchronous checkpoints: step 50's is uploaded and reported by both ranks before
+    # either trains step 51, so the controller registers it before it reads the NaN.
+    # (Asynchronous, one still uploading when another rank fails is never registered and
+    # the one before stays the latest, checkpointer.py's contract: which one that is would
+    # hang on the upload's speed. test_async_checkpoints holds that contract.)
     nan = Harness(nan_step=53, nan_rank=1, sample_ledger=True)
     with pytest.raises(ControllerError) as failure:
         fit(TASK, num_workers=2, storage_path=storage, name="moved", max_failures=1,
-            harness=nan, **EXACT_RUN)  # fmt: skip
+            harness=nan, checkpoint_mode="sync", **EXACT_RUN)  # fmt: skip
     assert "non-finite training loss at optimizer step 53 on rank 1" in str(failure.value)
     # Stopped by ray_ddp's rule in the controller, not by running out of --max-failures.
     assert isinstance(failure.value.controller_failure, NonFiniteLossError)
