@@ -1,8 +1,8 @@
 """A Parquet split larger than a worker's memory limit trains in streaming mode, and fails
 in the old in-memory mode (issue 17). No Ray is started: each mode runs in a subprocess
-that builds a training worker's data exactly as a worker's run does (``ray_ddp.worker.builtin_parts``)
-(``build_worker_data``: the task's datasets, then ``make_loaders``) and iterates its
-training loader over a whole epoch.
+that builds a training worker's data exactly as a worker's run does
+(``ray_ddp.worker.builtin_parts``'s ``build_worker_data``: the task's datasets, then
+``make_loaders``) and iterates its training loader over a whole epoch.
 
 The limit is ``RLIMIT_DATA`` (private writable memory: the heap, anonymous mappings,
 pyarrow's allocations, thread stacks), set to what the process holds after its imports
@@ -79,7 +79,7 @@ def status_mb(field):
 
 
 def train_epoch(cfg, task, facts, batches=None):
-    # As a worker's run does (ray_ddp.worker.builtin_parts): its data, then the epoch from its start.
+    # As a worker's run does (worker.builtin_parts): its data, then the epoch from its start.
     data = build_worker_data(cfg, Worker(0, 0, 1, torch.device("cpu")), task, facts, NONE)
     data.train_order.set_position(0, 0)
     rows = count = peak = 0

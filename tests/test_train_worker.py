@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from ray_ddp.config import TrainConfig
-from ray_ddp.worker.identity import Worker
 from ray_ddp.worker.epoch import explain_oom
+from ray_ddp.worker.identity import Worker
 
 WORKER = Worker(rank=1, local_rank=1, world_size=4, device=torch.device("cpu"))
 

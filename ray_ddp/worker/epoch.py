@@ -113,8 +113,9 @@ def end_epoch(
     speed = trained.own_trained / trained.seconds
     parts.guards.watchdog.doing("epoch end: checkpoint and report", slow=True)
     _keep_tracker_run(parts)
-    per_rank = parts.reports.checkpoint_and_report(metrics, own, speed, timing,
-                                                   lambda values: _track_epoch(parts, values))
+    per_rank = parts.reports.checkpoint_and_report(
+        metrics, own, speed, timing, lambda values: _track_epoch(parts, values)
+    )
     log_epoch(cfg.optim, worker, parts.outputs.logs, metrics, per_rank, progress,
               data.train_size, parts.ranks)  # fmt: skip
     parts.guards.watchdog.progress("epoch end")
@@ -151,9 +152,7 @@ def _keep_tracker_run(parts: Parts) -> None:
 
 
 @contextlib.contextmanager
-def explain_oom(
-    batch_size: int, global_batch: int, worker: Worker, phase: str
-) -> Iterator[None]:
+def explain_oom(batch_size: int, global_batch: int, worker: Worker, phase: str) -> Iterator[None]:
     """Turn an out-of-memory error into what to change: the per-worker batch
     (``--batch-size``), keeping the run's ``global_batch``."""
     try:

@@ -255,9 +255,7 @@ def load_into(models: list[torch.nn.Module], obj: Any, name: str, restored: Rest
     target.load_state_dict(saved["states"][name])
 
 
-def write_shards(
-    models: list[torch.nn.Module], states: dict[str, Any], directory: str
-) -> None:
+def write_shards(models: list[torch.nn.Module], states: dict[str, Any], directory: str) -> None:
     """``--strategy fsdp2``: every registered state's part on this rank (``states``; the
     run's set-up ``models``) into
     ``directory/shards`` (DCP, a collective: whatever the world size that reads them
