@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -130,14 +131,31 @@ def arms_in_turn(pair: int) -> tuple[str, str]:
     return ("on", "off") if pair % 2 == 0 else ("off", "on")
 
 
-def paired_figures(pairs: list[dict[str, Any]]) -> dict[str, float]:
+def median_interval(values: list[float], coverage: float = 0.95) -> tuple[float, float] | None:
+    """A distribution-free interval for the median of what ``values`` are drawn from: the
+    k-th smallest and k-th largest value, k the largest whose interval covers the median
+    with at least ``coverage`` (from the binomial: each value falls below the median with
+    probability 1/2). None for too few values (5 or fewer, at 95%)."""
+    ordered, n = sorted(values), len(values)
+    best = None
+    for k in range(1, n // 2 + 1):
+        outside = sum(math.comb(n, i) for i in range(k)) / 2**n  # P(Binomial(n, 1/2) < k)
+        if 1 - 2 * outside < coverage:
+            break
+        best = (ordered[k - 1], ordered[n - k])
+    return best
+
+
+def paired_figures(pairs: list[dict[str, Any]]) -> dict[str, Any]:
     """An interleaved A/B's figures from its pairs (each with an ``on`` and an ``off``
-    figure): the on/off ratio pair by pair (median, min, max) and each arm's median."""
+    figure): the on/off ratio pair by pair (median, min, max, and the median's 95%
+    interval where there are pairs enough) and each arm's median."""
     ratios = [p["on"] / p["off"] for p in pairs]
     return {
         "ratio_median": statistics.median(ratios),
         "ratio_min": min(ratios),
         "ratio_max": max(ratios),
+        "ratio_median_95": median_interval(ratios),
         "on_median": statistics.median(p["on"] for p in pairs),
         "off_median": statistics.median(p["off"] for p in pairs),
     }
@@ -157,6 +175,18 @@ def paired_table(r: dict[str, Any], on: str, off: str, ratio: str) -> str:
         f"| {off} | {r['off_median']:.1f} | {spread('off')} |\n"
         f"| {ratio}, pair by pair | {r['ratio_median']:.3f} | "
         f"{r['ratio_min']:.3f}-{r['ratio_max']:.3f} |\n\n"
+        + interval_line(r.get("ratio_median_95"), f"median {ratio}", ".3f")
+    )
+
+
+def interval_line(interval: tuple[float, float] | None, what: str, spec: str) -> str:
+    """A sentence giving ``median_interval``'s interval for ``what`` ("" for None)."""
+    if not interval:
+        return ""
+    low, high = interval
+    return (
+        f"The {what} lies in {low:{spec}} to {high:{spec}} with 95% confidence (the order "
+        "statistics' interval for a median: it assumes nothing of the noise).\n\n"
     )
 
 

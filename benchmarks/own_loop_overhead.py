@@ -5,9 +5,13 @@ built-in loop (``fit``) and written as an own loop (:func:`train` below, over
 ``ray_ddp.Run``'s verbs: the same model, data, global order, optimizer, schedule, clipping
 and validation), interleaved on one local Ray, which goes first alternating pair by pair.
 The figure is each run's steady samples/s per worker (``StepTimer``: warm-up, epoch ends
-and checkpoints left out), compared pair by pair (own / built-in).
+and checkpoints left out), compared pair by pair (own / built-in), and what it means per
+optimizer step: the own loop's milliseconds less the built-in loop's, pair by pair. With
+``--model mlp`` a step is little more than the loop itself, so that difference is the
+loop's own cost measured where it is largest against the step.
 
     python benchmarks/own_loop_overhead.py            # 5 pairs of 1 epoch: ~9 min on 2 cores
+    python benchmarks/own_loop_overhead.py --model mlp --pairs 12 --stem own_loop_overhead_mlp
 
 Writes benchmarks/results/own_loop_overhead.md (and .json).
 """
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -25,10 +30,19 @@ for path in (ROOT, os.path.join(ROOT, "benchmarks")):
     if path not in sys.path:
         sys.path.insert(0, path)
 
-from common import arms_in_turn, paired_figures, paired_table, write_report  # noqa: E402 - benchmarks/ is on the path
+from common import (  # noqa: E402 - benchmarks/ is on the path
+    arms_in_turn,
+    interval_line,
+    median_interval,
+    paired_figures,
+    paired_table,
+    write_report,
+)
 
 TASK = "ray_ddp.image_classification:ImageClassification"
 RUN = {"export": False, "progress_interval_s": 0, "tensorboard": False}  # else the defaults
+BATCH = 64
+"""Samples per worker in a micro-batch (the default ``--batch-size``): a step's samples."""
 
 
 def train(run) -> None:
@@ -72,12 +86,13 @@ def train(run) -> None:
         run.report({"val_loss": scores["loss"], "val_acc": scores["acc"]})
 
 
-def one_run(storage: str, name: str, own: bool, epochs: int) -> float:
+def one_run(storage: str, name: str, own: bool, epochs: int, model: str) -> float:
     """Steady samples/s per worker of one run."""
     import ray_ddp
     from ray_ddp.driver.run import fit
 
-    common = {"num_workers": 2, "storage_path": storage, "name": name, "epochs": epochs, **RUN}
+    common = {"num_workers": 2, "storage_path": storage, "name": name, "epochs": epochs,
+              "model": model, "batch_size": BATCH, **RUN}  # fmt: skip
     if own:
         summary = ray_ddp.launch(train, best_metric="acc", best_mode="max", **common)
     else:
@@ -89,7 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--model", default="small_resnet", help="the job's --model")
     parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    parser.add_argument("--stem", default="own_loop_overhead", help="the result files' name")
     args = parser.parse_args(argv)
 
     import ray
@@ -99,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         ray.init(num_cpus=2, logging_level="WARNING")
         try:
             for pair in range(args.pairs):
-                speeds = {arm: one_run(storage, f"{arm}-{pair}", arm == "on", args.epochs)
+                speeds = {arm: one_run(storage, f"{arm}-{pair}", arm == "on", args.epochs,
+                                       args.model)
                           for arm in arms_in_turn(pair)}  # fmt: skip
                 pairs.append(speeds)
                 print(f"pair {pair + 1}: own loop {speeds['on']:.1f}, built-in "
@@ -107,27 +125,38 @@ def main(argv: list[str] | None = None) -> int:
                       f"{speeds['on'] / speeds['off']:.3f}", flush=True)  # fmt: skip
         finally:
             ray.shutdown()
+    # Milliseconds per optimizer step, own less built-in, pair by pair.
+    extra_ms = [1000 * BATCH * (1 / p["on"] - 1 / p["off"]) for p in pairs]
     result = {
         "date": time.strftime("%Y-%m-%d"),
-        "run": {**RUN, "epochs": args.epochs},
+        "run": {**RUN, "epochs": args.epochs, "model": args.model},
         "pairs": pairs,
         **paired_figures(pairs),
+        "step_ms_median": {
+            arm: 1000 * BATCH / statistics.median(p[arm] for p in pairs) for arm in ("on", "off")
+        },  # fmt: skip
+        "extra_ms_median": statistics.median(extra_ms),
+        "extra_ms_median_95": median_interval(extra_ms),
         "load_average": os.getloadavg(),
     }
-    write_report(args.out, "own_loop_overhead", result, markdown(result))
+    write_report(args.out, args.stem, result, markdown(result))
     return 0
 
 
 def markdown(r: dict) -> str:
     return (
         f"# An own loop against the built-in loop ({r['date']})\n\n"
-        "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, small_resnet, "
-        "the built-in 12000 samples, batch 64 per worker), "
+        "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, the built-in "
+        f"12000 samples, batch {BATCH} per worker) with `--model {r['run']['model']}`, "
         f"{r['run']['epochs']} epoch(s) per run, run by the built-in loop and written as an "
         "own loop (`benchmarks/own_loop_overhead.py`'s `train`); "
         f"{len(r['pairs'])} interleaved pairs (which goes first alternates), steady "
         "samples/s per worker.\n\n"
         + paired_table(r, "own loop", "built-in loop", "own / built-in")
+        + f"A step takes {r['step_ms_median']['on']:.2f} ms (own loop) and "
+        f"{r['step_ms_median']['off']:.2f} ms (built-in), medians; the own loop's step less "
+        f"the built-in loop's, pair by pair: median {r['extra_ms_median']:+.3f} ms.\n\n"
+        + interval_line(r["extra_ms_median_95"], "median difference (ms per step)", "+.3f")
         + f"The 1-minute load average at the end: {r['load_average'][0]:.1f} on 2 cores.\n"
     )
 
