@@ -240,31 +240,41 @@ class RankSlots(_Computed):
         return self.length
 
     def _slots(self, numbers: range) -> list[Slot]:
-        """Slots ``numbers`` (consecutive), their indices taken from the order at once."""
-        steps, per_step, world, full = self.steps, self.per_step, self.world_size, self.full
-        made, spans = [], []
-        for i in numbers:
-            step = min(i // full, steps - 1)
-            turn, first = i - step * full, step * per_step
-            micro = per_step if step < steps - 1 else self.last_micro
-            mine = len(range(self.rank, micro, world))
-            # A filler's number is past the step's last micro-batch (its dropout seed).
-            number = self.rank + turn * world if turn < mine else micro + turn - mine
-            filler = number >= micro
-            samples = self._end(first + micro - 1) - self._begin(first)
-            boundary = turn == (full if step < steps - 1 else self.last_turns) - 1
-            made.append((step, number, boundary, samples, filler))
-            k = first + (0 if filler else number)
-            spans.append((self._begin(k), self._end(k)))
-        taken = _take(self.plan.order(), spans)
-        return [Slot(indices, *rest) for rest, indices in zip(made, taken, strict=True)]
+        """Slots ``numbers`` (consecutive), computed as arrays and their indices taken
+        from the order at once."""
+        import numpy as np  # here: the config checks import this module, and not numpy
 
-    def _begin(self, k: int) -> int:
+        if not numbers:
+            return []
+        steps, per_step, world = self.steps, self.per_step, self.world_size
+        i = np.arange(numbers.start, numbers.stop, dtype=np.int64)
+        step = np.minimum(i // self.full, steps - 1)
+        last = step == steps - 1
+        turn, first = i - step * self.full, step * per_step
+        micro = np.where(last, self.last_micro, per_step)
+        mine = np.maximum(0, -(-(micro - self.rank) // world))  # len(range(rank, micro, world))
+        # A filler's number is past the step's last micro-batch (its dropout seed).
+        number = np.where(turn < mine, self.rank + turn * world, micro + turn - mine)
+        filler = number >= micro
+        samples = self._end(first + micro - 1) - self._begin(first)
+        boundary = turn == np.where(last, self.last_turns, self.full) - 1
+        k = first + np.where(filler, 0, number)
+        taken = _take(self.plan.order(), self._begin(k), self._end(k))
+        rest = zip(
+            step.tolist(), number.tolist(), boundary.tolist(), samples.tolist(),
+            filler.tolist(), strict=True,
+        )  # fmt: skip
+        return [Slot(indices, *r) for r, indices in zip(rest, taken, strict=True)]
+
+    def _begin(self, k: Any) -> Any:
         return self.plan.start + k * self.plan.batch_size
 
-    def _end(self, k: int) -> int:
-        """Micro-batch ``k``'s end: the next one's start, the epoch's size for the last."""
-        return self.plan.size if k == self.micro_batches - 1 else self._begin(k + 1)
+    def _end(self, k: Any) -> Any:
+        """Micro-batch ``k``'s end: the next one's start, the epoch's size for the last
+        (``k`` an array of numbers)."""
+        import numpy as np
+
+        return np.where(k == self.micro_batches - 1, self.plan.size, self._begin(k + 1))
 
     def __getitem__(self, key: Any) -> Any:
         if isinstance(key, slice):
@@ -277,17 +287,20 @@ class RankSlots(_Computed):
             yield from self._slots(range(begin, min(begin + per_block, self.length)))
 
 
-def _take(order: Sequence[int], spans: list[tuple[int, int]]) -> list[list[int]]:
-    """``[order[begin:end] for begin, end in spans]``, an order computed by position
-    (``permutation.PositionOrder``) in one call."""
-    if not isinstance(order, PositionOrder) or not spans:
-        return [list(order[begin:end]) for begin, end in spans]
+def _take(order: Sequence[int], begins: Any, ends: Any) -> list[list[int]]:
+    """``[order[begin:end] for begin, end in zip(begins, ends)]`` (arrays of positions),
+    an order computed by position (``permutation.PositionOrder``) in one call."""
     import numpy as np
 
-    positions = np.fromiter((p for begin, end in spans for p in range(begin, end)), np.int64)
+    if not isinstance(order, PositionOrder):
+        return [list(order[b:e]) for b, e in zip(begins.tolist(), ends.tolist(), strict=True)]
+    lengths = ends - begins
+    cuts = np.cumsum(lengths)
+    # Every position of every span, in order: a running count shifted to each span's begin.
+    shift = np.repeat(begins - cuts + lengths, lengths)
+    positions = np.arange(int(cuts[-1]), dtype=np.int64) + shift
     values = order.at(positions).tolist()
-    cuts = np.cumsum([end - begin for begin, end in spans]).tolist()
-    return [values[a:b] for a, b in zip([0, *cuts[:-1]], cuts, strict=True)]
+    return [values[a:b] for a, b in zip([0, *cuts[:-1].tolist()], cuts.tolist(), strict=True)]
 
 
 class GlobalOrderBatches:

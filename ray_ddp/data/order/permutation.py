@@ -101,46 +101,15 @@ class KeyedPermutation(PositionOrder):
 
     def __init__(self, size: int, seed: int, epoch: int, *stream: int) -> None:
         self.size = size
-        bits = max(2, (size - 1).bit_length())
-        self.widths = (bits // 2, bits - bits // 2)  # the high and the low half
-        base = mix_key(mix_key(seed) ^ (epoch * _GOLDEN))
-        for word in stream:  # a sub-order of the epoch's: its own keys
-            base = mix_key(base ^ mix_key(word + _GOLDEN))
-        self.keys = tuple(np.uint64(mix_key(base + i * _GOLDEN)) for i in range(ROUNDS))
-
-    def _network(self, x: np.ndarray) -> np.ndarray:
-        high, low = self.widths
-        for key in self.keys:
-            top, bottom = x >> np.uint64(low), x & np.uint64((1 << low) - 1)
-            x = (bottom << np.uint64(high)) | (
-                top ^ (mix64(bottom, key) & np.uint64((1 << high) - 1))
-            )
-            high, low = low, high  # the halves swap: the new high half was the low one
-        return x
-
-    def _inverse_network(self, x: np.ndarray) -> np.ndarray:
-        high, low = self.widths if ROUNDS % 2 == 0 else self.widths[::-1]
-        for key in reversed(self.keys):
-            top, bottom = x >> np.uint64(low), x & np.uint64((1 << low) - 1)
-            x = ((bottom ^ (mix64(top, key) & np.uint64((1 << low) - 1))) << np.uint64(high)) | top
-            high, low = low, high
-        return x
-
-    def _walk(self, positions: np.ndarray, network) -> np.ndarray:
-        out = network(positions.astype(np.uint64))
-        outside = np.flatnonzero(out >= self.size)
-        while outside.size:  # cycle-walking: through the network again until inside
-            out[outside] = network(out[outside])
-            outside = outside[out[outside] >= self.size]
-        return out.astype(np.int64)
+        self.keys = tuple(np.uint64(key) for key in round_keys(seed, epoch, *stream))
 
     def at(self, positions: np.ndarray) -> np.ndarray:
         """The samples at ``positions`` (each in ``[0, size)``), as int64."""
-        return self._walk(np.asarray(positions), self._network)
+        return _walk(np.asarray(positions), self.size, self.keys, _network)
 
     def position_of(self, samples: np.ndarray) -> np.ndarray:
         """The positions of ``samples``: the inverse permutation."""
-        return self._walk(np.asarray(samples), self._inverse_network)
+        return _walk(np.asarray(samples), self.size, self.keys, _inverse_network)
 
     def __eq__(self, other: Any) -> bool:
         if isinstance(other, KeyedPermutation):
@@ -151,3 +120,57 @@ class KeyedPermutation(PositionOrder):
 
     def __repr__(self) -> str:
         return f"KeyedPermutation(size={self.size}, keys={[int(k) for k in self.keys]})"
+
+
+def round_keys(seed: int, epoch: int, *stream: int) -> list[int]:
+    """The :data:`ROUNDS` round keys of the permutation of ``(seed, epoch, *stream)``."""
+    base = mix_key(mix_key(seed) ^ (epoch * _GOLDEN))
+    for word in stream:  # a sub-order of the epoch's: its own keys
+        base = mix_key(base ^ mix_key(word + _GOLDEN))
+    return [mix_key(base + i * _GOLDEN) for i in range(ROUNDS)]
+
+
+def permute_each(size: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Each of ``positions`` through its own permutation of ``[0, size)``: position ``i``
+    through the one of round keys ``keys[:, i]`` (:func:`round_keys`, as ``uint64``), so
+    many permutations of one size cost one pass of the network, not one each (a pass
+    costs some 100 us however few its positions)."""
+    return _walk(np.asarray(positions), size, tuple(keys), _network)
+
+
+Keys = tuple[Any, ...]
+"""The round keys a walk uses: each a ``uint64`` scalar, or an array of one per value."""
+
+
+def _widths(size: int) -> tuple[int, int]:
+    """The high and the low half's bits of the network on ``[0, 2**bits)``."""
+    bits = max(2, (size - 1).bit_length())
+    return bits // 2, bits - bits // 2
+
+
+def _network(x: np.ndarray, size: int, keys: Keys) -> np.ndarray:
+    high, low = _widths(size)
+    for key in keys:
+        top, bottom = x >> np.uint64(low), x & np.uint64((1 << low) - 1)
+        x = (bottom << np.uint64(high)) | (top ^ (mix64(bottom, key) & np.uint64((1 << high) - 1)))
+        high, low = low, high  # the halves swap: the new high half was the low one
+    return x
+
+
+def _inverse_network(x: np.ndarray, size: int, keys: Keys) -> np.ndarray:
+    high, low = _widths(size) if ROUNDS % 2 == 0 else _widths(size)[::-1]
+    for key in reversed(keys):
+        top, bottom = x >> np.uint64(low), x & np.uint64((1 << low) - 1)
+        x = ((bottom ^ (mix64(top, key) & np.uint64((1 << low) - 1))) << np.uint64(high)) | top
+        high, low = low, high
+    return x
+
+
+def _walk(positions: np.ndarray, size: int, keys: Keys, network) -> np.ndarray:
+    out = network(positions.astype(np.uint64), size, keys)
+    outside = np.flatnonzero(out >= size)
+    while outside.size:  # cycle-walking: through the network again until inside
+        their = tuple(k if np.ndim(k) == 0 else k[outside] for k in keys)
+        out[outside] = network(out[outside], size, their)
+        outside = outside[out[outside] >= size]
+    return out.astype(np.int64)

@@ -39,7 +39,12 @@ import functools
 
 import numpy as np
 
-from ray_ddp.data.order.permutation import KeyedPermutation, PositionOrder
+from ray_ddp.data.order.permutation import (
+    KeyedPermutation,
+    PositionOrder,
+    permute_each,
+    round_keys,
+)
 
 STREAMED_VERSION = 3
 """Today's streamed order (:class:`StreamedOrder`); versions 1 and 2 are
@@ -85,13 +90,19 @@ class StreamedOrder(PositionOrder):
         lane, offset = self.lane_offsets(positions)
         window, within = np.divmod(offset, self.window)
         windows, which = np.unique(lane * (self.size + 1) + window, return_inverse=True)
+        which = which.reshape(-1)
+        # Step 3: every window its own permutation, one pass for the windows of a size.
+        lanes, numbers = np.divmod(windows, self.size + 1)
+        rows = np.minimum(self.window, self.lengths[lanes] - numbers * self.window)[which]
+        keys = np.asarray(
+            [round_keys(self.seed, self.epoch, _WINDOW, j, w)
+             for j, w in zip(lanes.tolist(), numbers.tolist(), strict=True)],
+            dtype=np.uint64,
+        ).T[:, which]  # fmt: skip
         shuffled = np.empty_like(within)
-        for number, key in enumerate(windows.tolist()):  # step 3, a window at a time
-            j, w = divmod(key, self.size + 1)
-            rows = min(self.window, int(self.lengths[j]) - w * self.window)
-            mine = which.reshape(-1) == number
-            perm = KeyedPermutation(rows, self.seed, self.epoch, _WINDOW, j, w)
-            shuffled[mine] = perm.at(within[mine])
+        for size in np.unique(rows).tolist():  # a lane's last window may be short
+            mine = rows == size
+            shuffled[mine] = permute_each(size, keys[:, mine], within[mine])
         run = self.bounds[lane] + window * self.window + shuffled  # in the groups' order
         group = np.searchsorted(self.run_starts, run, side="right") - 1
         return self.first_rows[group] + run - self.run_starts[group]
