@@ -1,7 +1,7 @@
 """What an own loop costs against the built-in loop: the default job (``jobs/train.py``'s
 defaults: 2 CPU workers on gloo, small_resnet on the built-in 12000 samples, batch 64 per
 worker, AdamW with the default warm-up + cosine schedule and gradient clipping) run by the
-built-in loop (``fit``) and written as an own loop (:func:`train` below, over
+built-in loop (``fit``) and written as an own loop (:func:`_train` below, over
 ``ray_ddp.Run``'s verbs: the same model, data, global order, optimizer, schedule, clipping
 and validation), interleaved on one local Ray, which goes first alternating pair by pair.
 The figure is each run's steady samples/s per worker (``StepTimer``: warm-up, epoch ends
@@ -45,7 +45,17 @@ BATCH = 64
 """Samples per worker in a micro-batch (the default ``--batch-size``): a step's samples."""
 
 
-def train(run) -> None:
+def loop_for(model_name: str):
+    """The built-in job with ``--model model_name`` as an own loop (an own loop takes no
+    ``--model``: it builds its own)."""
+
+    def train(run) -> None:
+        _train(run, model_name)
+
+    return train
+
+
+def _train(run, model_name: str) -> None:
     """The built-in job as an own loop."""
     import torch.nn.functional as F
 
@@ -59,7 +69,7 @@ def train(run) -> None:
     train_set, val_set = make_synthetic(
         cfg.optim.seed, cfg.data.train_samples, cfg.data.val_samples
     )
-    model = run.setup(build_model(cfg.target.model, tuple(train_set[0][0].shape), NUM_CLASSES))
+    model = run.setup(build_model(model_name, tuple(train_set[0][0].shape), NUM_CLASSES))
     plan = EpochPlan(
         len(train_set), cfg.optim.batch_size, cfg.global_batch_size, cfg.optim.seed, epoch=0
     )
@@ -86,18 +96,19 @@ def train(run) -> None:
         run.report({"val_loss": scores["loss"], "val_acc": scores["acc"]})
 
 
-def one_run(storage: str, name: str, own: bool, epochs: int, model: str) -> float:
-    """Steady samples/s per worker of one run."""
+def one_run(storage: str, name: str, own: bool, epochs: int, model: str) -> tuple[float, float]:
+    """Steady samples/s per worker of one run, and its median optimizer step (ms)."""
     import ray_ddp
     from ray_ddp.driver.run import fit
 
     common = {"num_workers": 2, "storage_path": storage, "name": name, "epochs": epochs,
-              "model": model, "batch_size": BATCH, **RUN}  # fmt: skip
+              "batch_size": BATCH, **RUN}  # fmt: skip
     if own:
-        summary = ray_ddp.launch(train, best_metric="acc", best_mode="max", **common)
+        summary = ray_ddp.launch(loop_for(model), best_metric="acc", best_mode="max", **common)
     else:
-        summary = fit(TASK, **common)
-    return summary["timing"]["steady_samples_per_s_per_worker"]
+        summary = fit(TASK, model=model, **common)
+    timing = summary["timing"]
+    return timing["steady_samples_per_s_per_worker"], 1000 * timing["step_time_median_s"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,30 +122,34 @@ def main(argv: list[str] | None = None) -> int:
 
     import ray
 
-    pairs = []
+    pairs, steps = [], []  # steady samples/s, median step ms: {"on": own, "off": built-in}
     with tempfile.TemporaryDirectory() as storage:
         ray.init(num_cpus=2, logging_level="WARNING")
         try:
             for pair in range(args.pairs):
-                speeds = {arm: one_run(storage, f"{arm}-{pair}", arm == "on", args.epochs,
-                                       args.model)
-                          for arm in arms_in_turn(pair)}  # fmt: skip
+                runs = {arm: one_run(storage, f"{arm}-{pair}", arm == "on", args.epochs,
+                                     args.model)
+                        for arm in arms_in_turn(pair)}  # fmt: skip
+                speeds = {arm: speed for arm, (speed, _) in runs.items()}
                 pairs.append(speeds)
+                steps.append({arm: ms for arm, (_, ms) in runs.items()})
+                ms = steps[-1]
                 print(f"pair {pair + 1}: own loop {speeds['on']:.1f}, built-in "
                       f"{speeds['off']:.1f} samples/s per worker, own/built-in "
-                      f"{speeds['on'] / speeds['off']:.3f}", flush=True)  # fmt: skip
+                      f"{speeds['on'] / speeds['off']:.3f}; median step {ms['on']:.2f} "
+                      f"against {ms['off']:.2f} ms", flush=True)  # fmt: skip
         finally:
             ray.shutdown()
-    # Milliseconds per optimizer step, own less built-in, pair by pair.
-    extra_ms = [1000 * BATCH * (1 / p["on"] - 1 / p["off"]) for p in pairs]
+    # The median step's milliseconds, own less built-in, pair by pair.
+    extra_ms = [p["on"] - p["off"] for p in steps]
     result = {
         "date": time.strftime("%Y-%m-%d"),
         "run": {**RUN, "epochs": args.epochs, "model": args.model},
         "pairs": pairs,
         **paired_figures(pairs),
-        "step_ms_median": {
-            arm: 1000 * BATCH / statistics.median(p[arm] for p in pairs) for arm in ("on", "off")
-        },  # fmt: skip
+        "step_ms": steps,
+        "step_ms_median": {arm: statistics.median(p[arm] for p in steps) for arm in ("on", "off")},
+        "step_ratio": paired_figures(steps),
         "extra_ms_median": statistics.median(extra_ms),
         "extra_ms_median_95": median_interval(extra_ms),
         "load_average": os.getloadavg(),
@@ -149,13 +164,20 @@ def markdown(r: dict) -> str:
         "The default job (`jobs/train.py`'s defaults: 2 CPU workers on gloo, the built-in "
         f"12000 samples, batch {BATCH} per worker) with `--model {r['run']['model']}`, "
         f"{r['run']['epochs']} epoch(s) per run, run by the built-in loop and written as an "
-        "own loop (`benchmarks/own_loop_overhead.py`'s `train`); "
+        "own loop (`benchmarks/own_loop_overhead.py`'s `_train`); "
         f"{len(r['pairs'])} interleaved pairs (which goes first alternates), steady "
         "samples/s per worker.\n\n"
         + paired_table(r, "own loop", "built-in loop", "own / built-in")
-        + f"A step takes {r['step_ms_median']['on']:.2f} ms (own loop) and "
-        f"{r['step_ms_median']['off']:.2f} ms (built-in), medians; the own loop's step less "
-        f"the built-in loop's, pair by pair: median {r['extra_ms_median']:+.3f} ms.\n\n"
+        + "Each run's median optimizer step (ms), less sensitive than samples/s to the "
+        "machine's hiccups:\n\n"
+        + paired_table(
+            {**r["step_ratio"], "pairs": r["step_ms"]},
+            "own loop",
+            "built-in loop",
+            "own / built-in",
+        )  # fmt: skip
+        + f"The own loop's median step less the built-in loop's, pair by pair: median "
+        f"{r['extra_ms_median']:+.3f} ms.\n\n"
         + interval_line(r["extra_ms_median_95"], "median difference (ms per step)", "+.3f")
         + f"The 1-minute load average at the end: {r['load_average'][0]:.1f} on 2 cores.\n"
     )
