@@ -241,7 +241,8 @@ def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
 def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, storage, capsys):
     """Two workers spread over nodes; rank 1 stops 2 steps into epoch 2 (8 steps an
     epoch), once epoch 1's checkpoint is registered; a node holding a worker is removed;
-    the restarted group resumes there, on two nodes again. Then jobs/evaluate.py on that
+    the restarted group resumes there (on two nodes again where
+    the nodes left hold one worker each). Then jobs/evaluate.py on that
     local checkpoint: on several nodes it is first copied to the storage every node sees
     (a worker elsewhere may not have the driver's path)."""
     from ray.util.state import list_actors
@@ -265,16 +266,26 @@ def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, s
     )
     on = {a.node_id for a in workers} | {_node_of(address, pid)}
     assert len(on) == 2, "spread over two nodes"
-    victim = next(n for n in nodes.cluster.worker_nodes if n.node_id in on)  # never the head
+    # Never the head; the 2-CPU node where it holds a worker: the head and the 1-CPU node
+    # left can then hold the restarted group only one worker each. SPREAD is Ray's best
+    # effort: with the 2-CPU node left, the restart may find the head's CPU not yet
+    # released by the lost group and put both workers there (CI, once).
+    held = [n for n in nodes.cluster.worker_nodes if n.node_id in on]
+    victim = max(held, key=lambda n: nodes.shapes[n.node_id])
+    left_cpus = [1] + [c for i, c in nodes.shapes.items() if i != victim.node_id]  # head: 1
     nodes.remove(victim)
-    summary = run.finish(timeout=300)
+    try:
+        summary = run.finish(timeout=300)
+    finally:
+        nodes.replace(victim)  # whatever happened: the module's next tests need the shape
     print(f"2-node run with a lost node: {time.perf_counter() - started:.0f} s")
     history = [m["epoch"] for m in summary["history"]]  # of the attempt that finished
     assert summary["epochs_completed"] == 2 and history == [2], history
     ranks_on = {r["node_id"] for r in summary["ranks"]}
-    assert victim.node_id not in ranks_on and len(ranks_on) == 2
+    assert victim.node_id not in ranks_on
+    if max(left_cpus) == 1:
+        assert len(ranks_on) == 2, "on two nodes again"
     assert summary["final"]["evaluated_samples"] == 101
-    nodes.replace(victim)
 
     results = os.path.join(storage, "eval.json")
     argv = [summary["latest_checkpoint"], "--num-workers", "2", "--storage-path", storage,
