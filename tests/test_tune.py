@@ -132,6 +132,29 @@ def _sweep_cmd(address: str, storage: str, *extra: str) -> list[str]:
     ]  # fmt: skip
 
 
+def _until_the_cluster_is_free(ray, log_path: str, timeout: float = 180.0) -> None:
+    """Once an interrupted sweep's driver has exited, wait until the shared Ray's CPUs are
+    all free again, as a user told "try again later" would. A trial's workers are freed
+    when their Train controller is gone, which Ray ends with the sweep's job; CI once
+    found them still held a minute on (the resumed command, after its 30 s wait, said
+    "other jobs hold the rest; try again later", and so did the next test's run)."""
+    from ray.util import placement_group_table
+
+    began = time.monotonic()
+    while (free := ray.available_resources().get("CPU", 0.0)) < 2 - 1e-6:
+        if time.monotonic() - began > timeout:
+            held = {pg: v["bundles"] for pg, v in placement_group_table().items()
+                    if v["state"] != "REMOVED"}  # fmt: skip
+            with open(log_path, errors="replace") as file:
+                tail = file.read()[-3000:]
+            pytest.fail(f"{free} of 2 CPUs free {timeout:.0f} s after the interrupted "
+                        f"sweep exited; placement groups {held}; its output:\n{tail}")  # fmt: skip
+        time.sleep(0.5)
+    waited = time.monotonic() - began
+    if waited > 5:
+        print(f"the interrupted sweep's CPUs were freed {waited:.0f} s after it exited")
+
+
 @pytest.mark.ray
 def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(
     ray_session, tracking_server, storage
@@ -147,10 +170,10 @@ def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(
     tracked = ("--tracking", "mlflow", "--tracking-uri", tracking_server.uri,
                "--experiment", "sweeps")  # fmt: skip
     started = time.perf_counter()
+    log_path = os.path.join(storage, "interrupted.log")
+    log = open(log_path, "wb")  # noqa: SIM115 (closed below, after the process)
     proc = subprocess.Popen(
-        _sweep_cmd(address, storage, *tracked),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        _sweep_cmd(address, storage, *tracked), stdout=log, stderr=subprocess.STDOUT
     )
     try:
         # One trial at a time: a second trial's run directory means the first ended.
@@ -167,6 +190,8 @@ def test_a_sweep_stops_weak_trials_resumes_after_ctrl_c_and_reports_the_best(
     finally:
         if proc.poll() is None:
             proc.kill()
+        log.close()
+    _until_the_cluster_is_free(ray_session, log_path)
     first = sorted(os.listdir(train_dir))[0]
     first_checkpoints = sorted(os.listdir(os.path.join(train_dir, first)))
 
