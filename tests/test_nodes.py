@@ -42,7 +42,7 @@ from ray_ddp.testing.harness import stall_marker
 
 pytestmark = [pytest.mark.ray, pytest.mark.own_cluster]
 
-NODE_CPUS = (1, 2)
+HEAD_CPUS, NODE_CPUS = 1, (1, 2)
 
 
 class Nodes:
@@ -87,7 +87,7 @@ def nodes(no_shared_ray, s3):
     saved = {key: os.environ.get(key) for key in settings}
     os.environ.update(settings)
     cluster = Cluster(
-        initialize_head=True, head_node_args={"num_cpus": 1, "dashboard_port": free_port()}
+        initialize_head=True, head_node_args={"num_cpus": HEAD_CPUS, "dashboard_port": free_port()}
     )
     try:
         simulated = Nodes(cluster)
@@ -241,10 +241,10 @@ def test_a_run_shrinks_on_a_lost_node_grows_back_and_stays_exact(
 def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, storage, capsys):
     """Two workers spread over nodes; rank 1 stops 2 steps into epoch 2 (8 steps an
     epoch), once epoch 1's checkpoint is registered; a node holding a worker is removed;
-    the restarted group resumes there (on two nodes again where
-    the nodes left hold one worker each). Then jobs/evaluate.py on that
-    local checkpoint: on several nodes it is first copied to the storage every node sees
-    (a worker elsewhere may not have the driver's path)."""
+    the restarted group resumes there (on two nodes again where the nodes left hold one
+    worker each). Then jobs/evaluate.py on that local checkpoint: on several nodes it is
+    first copied to the storage every node sees (a worker elsewhere may not have the
+    driver's path)."""
     from ray.util.state import list_actors
 
     address = nodes.cluster.address
@@ -272,7 +272,7 @@ def test_losing_a_node_resumes_from_the_last_checkpoint_which_evaluates(nodes, s
     # released by the lost group and put both workers there (CI, once).
     held = [n for n in nodes.cluster.worker_nodes if n.node_id in on]
     victim = max(held, key=lambda n: nodes.shapes[n.node_id])
-    left_cpus = [1] + [c for i, c in nodes.shapes.items() if i != victim.node_id]  # head: 1
+    left_cpus = [HEAD_CPUS] + [c for i, c in nodes.shapes.items() if i != victim.node_id]
     nodes.remove(victim)
     try:
         summary = run.finish(timeout=300)

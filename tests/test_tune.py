@@ -140,14 +140,14 @@ def _until_the_cluster_is_free(ray, log_path: str, timeout: float = 180.0) -> No
     "other jobs hold the rest; try again later", and so did the next test's run)."""
     from ray.util import placement_group_table
 
-    began = time.monotonic()
-    while (free := ray.available_resources().get("CPU", 0.0)) < 2 - 1e-6:
+    began, cpus = time.monotonic(), ray.cluster_resources()["CPU"]
+    while (free := ray.available_resources().get("CPU", 0.0)) < cpus - 1e-6:
         if time.monotonic() - began > timeout:
             held = {pg: v["bundles"] for pg, v in placement_group_table().items()
                     if v["state"] != "REMOVED"}  # fmt: skip
             with open(log_path, errors="replace") as file:
                 tail = file.read()[-3000:]
-            pytest.fail(f"{free} of 2 CPUs free {timeout:.0f} s after the interrupted "
+            pytest.fail(f"{free:g} of {cpus:g} CPUs free {timeout:.0f} s after the interrupted "
                         f"sweep exited; placement groups {held}; its output:\n{tail}")  # fmt: skip
         time.sleep(0.5)
     waited = time.monotonic() - began
